@@ -1,0 +1,227 @@
+// Package embedded starts nats-server with JetStream inside the current
+// process: a single node for the sidecar and tests, and a small loopback
+// cluster for tests where clustering matters.
+package embedded
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// ErrNotReady is returned when a server does not accept connections within
+// the start-up timeout.
+var ErrNotReady = errors.New("embedded: nats-server not ready")
+
+// Config describes one embedded node.
+type Config struct {
+	// StoreDir is where JetStream keeps its file store. Required.
+	StoreDir string
+	// Host is the client listen host; default 127.0.0.1.
+	Host string
+	// Port is the client port; 0 picks a random free port. (-1 also means random.)
+	Port int
+	// NoListen, when true, does not open a client port at all: clients reach
+	// the server through InProcessConn only.
+	NoListen bool
+	// ServerName defaults to a name derived from the port.
+	ServerName string
+	// ReadyTimeout bounds start-up; default 10s.
+	ReadyTimeout time.Duration
+	// Logging sends the server's own log to stderr.
+	Logging bool
+
+	// cluster settings, set by StartCluster.
+	clusterName   string
+	clusterPort   int
+	clusterRoutes []string
+}
+
+// Server is a running embedded nats-server.
+type Server struct {
+	*server.Server
+}
+
+// Start starts one JetStream-enabled node and waits until it accepts
+// connections. Stop it with Shutdown.
+func Start(cfg Config) (*Server, error) {
+	if cfg.StoreDir == "" {
+		return nil, errors.New("embedded: StoreDir is required")
+	}
+	host := cfg.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	port := cfg.Port
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{
+		ServerName: cfg.ServerName,
+		Host:       host,
+		Port:       port,
+		DontListen: cfg.NoListen,
+		JetStream:  true,
+		StoreDir:   cfg.StoreDir,
+		NoSigs:     true,
+		NoLog:      !cfg.Logging,
+		// Per-key consumers: a stream has as many consumers as active keys.
+		JetStreamLimits: server.JSLimitOpts{DefaultMaxConsumers: -1},
+		// Ordered delivery holds one message per key; payloads up to 8 MiB
+		// match the largest Pub/Sub message (10 MB) closely enough while
+		// keeping the server's per-connection buffers sane.
+		MaxPayload: 8 << 20,
+	}
+	if cfg.clusterName != "" {
+		opts.Cluster = server.ClusterOpts{
+			Name: cfg.clusterName,
+			Host: "127.0.0.1",
+			Port: cfg.clusterPort,
+		}
+		opts.Routes = server.RoutesFromStr(strings.Join(cfg.clusterRoutes, ","))
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded: %w", err)
+	}
+	if cfg.Logging {
+		s.ConfigureLogger()
+	}
+	go s.Start()
+	timeout := cfg.ReadyTimeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	if !s.ReadyForConnections(timeout) {
+		s.Shutdown()
+		return nil, fmt.Errorf("%w after %v", ErrNotReady, timeout)
+	}
+	return &Server{Server: s}, nil
+}
+
+// Shutdown stops the server and waits until it has stopped.
+func (s *Server) Shutdown() {
+	s.Server.Shutdown()
+	s.Server.WaitForShutdown()
+}
+
+// Cluster is a set of JetStream nodes routed together on loopback.
+type Cluster struct {
+	Nodes []*Server
+	cfgs  []Config
+}
+
+// StartCluster starts n nodes (n >= 3 for R3 streams) on loopback, each with
+// its own store under baseDir, and waits until JetStream has a meta leader.
+func StartCluster(baseDir string, n int) (*Cluster, error) {
+	if n < 1 {
+		return nil, errors.New("embedded: a cluster needs at least one node")
+	}
+	ports := make([]int, n)
+	for i := range ports {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
+	}
+	routes := make([]string, n)
+	for i, p := range ports {
+		routes[i] = "nats-route://127.0.0.1:" + strconv.Itoa(p)
+	}
+	c := &Cluster{}
+	for i := 0; i < n; i++ {
+		c.cfgs = append(c.cfgs, Config{
+			StoreDir:      filepath.Join(baseDir, "n"+strconv.Itoa(i)),
+			ServerName:    "n" + strconv.Itoa(i),
+			clusterName:   "jetorder-test",
+			clusterPort:   ports[i],
+			clusterRoutes: routes,
+		})
+	}
+	for i := range c.cfgs {
+		s, err := Start(c.cfgs[i])
+		if err != nil {
+			c.Shutdown()
+			return nil, err
+		}
+		// Keep the client port once chosen, so a restarted node is found
+		// again at the same address.
+		c.cfgs[i].Port = s.Addr().(*net.TCPAddr).Port
+		c.Nodes = append(c.Nodes, s)
+	}
+	if err := c.waitMetaLeader(20 * time.Second); err != nil {
+		c.Shutdown()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) waitMetaLeader(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		for _, s := range c.Nodes {
+			if s != nil && s.Running() && s.JetStreamIsLeader() {
+				return nil
+			}
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	return fmt.Errorf("%w: no JetStream meta leader after %v", ErrNotReady, timeout)
+}
+
+// ClientURLs is a comma-separated list of every running node's client URL.
+func (c *Cluster) ClientURLs() string {
+	var urls string
+	for _, s := range c.Nodes {
+		if s == nil || !s.Running() {
+			continue
+		}
+		if urls != "" {
+			urls += ","
+		}
+		urls += s.ClientURL()
+	}
+	return urls
+}
+
+// StopNode shuts node i down; RestartNode brings it back on the same ports
+// and store.
+func (c *Cluster) StopNode(i int) {
+	if c.Nodes[i] != nil {
+		c.Nodes[i].Shutdown()
+		c.Nodes[i] = nil
+	}
+}
+
+// RestartNode starts node i again with its original configuration.
+func (c *Cluster) RestartNode(i int) error {
+	s, err := Start(c.cfgs[i])
+	if err != nil {
+		return err
+	}
+	c.Nodes[i] = s
+	return c.waitMetaLeader(20 * time.Second)
+}
+
+// Shutdown stops every node.
+func (c *Cluster) Shutdown() {
+	for i := range c.Nodes {
+		c.StopNode(i)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("embedded: pick a port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

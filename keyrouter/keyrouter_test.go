@@ -1,0 +1,232 @@
+package keyrouter
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestValidateOrderingKey(t *testing.T) {
+	tests := []struct {
+		name string
+		key  string
+		want error
+	}{
+		{"simple", "user-123", nil},
+		{"one byte", "x", nil},
+		{"max length", strings.Repeat("x", 1024), nil},
+		{"unicode at max", strings.Repeat("é", 512), nil},
+		{"wildcards are just characters", "a.*.>", nil},
+		{"spaces and controls", " \t\r\n\x00", nil},
+		{"empty", "", ErrEmptyOrderingKey},
+		{"too long", strings.Repeat("x", 1025), ErrOrderingKeyTooLong},
+		{"unicode too long", strings.Repeat("é", 513), ErrOrderingKeyTooLong},
+		{"not utf8", "a\xffb", ErrOrderingKeyNotUTF8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ValidateOrderingKey(tt.key)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("ValidateOrderingKey = %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestOrderingKeyErrorTexts(t *testing.T) {
+	// The specification's exact wording; clients display it.
+	if got := ValidateOrderingKey("").Error(); got != "Ordering key cannot be empty" {
+		t.Errorf("empty key text = %q", got)
+	}
+	if got := ValidateOrderingKey(strings.Repeat("k", 1025)).Error(); got != "Ordering key exceeds maximum length of 1024 bytes" {
+		t.Errorf("long key text = %q", got)
+	}
+}
+
+func TestValidateIDs(t *testing.T) {
+	tests := []struct {
+		name     string
+		validate func(string) error
+		id       string
+		want     error
+	}{
+		{"topic ok", ValidateTopicID, "ordered-events", nil},
+		{"topic all chars", ValidateTopicID, "a-_.~+%9", nil},
+		{"topic 255", ValidateTopicID, "t" + strings.Repeat("x", 254), nil},
+		{"topic short", ValidateTopicID, "ab", ErrInvalidTopicID},
+		{"topic long", ValidateTopicID, "t" + strings.Repeat("x", 255), ErrInvalidTopicID},
+		{"topic digit first", ValidateTopicID, "1abc", ErrInvalidTopicID},
+		{"topic goog", ValidateTopicID, "google-topic", ErrInvalidTopicID},
+		{"topic wildcard", ValidateTopicID, "abc*", ErrInvalidTopicID},
+		{"topic gt", ValidateTopicID, "abc>", ErrInvalidTopicID},
+		{"topic space", ValidateTopicID, "ab c", ErrInvalidTopicID},
+		{"topic slash", ValidateTopicID, "ab/c", ErrInvalidTopicID},
+		{"sub ok", ValidateSubscriptionID, "sub-1", nil},
+		{"sub empty", ValidateSubscriptionID, "", ErrInvalidSubscriptionID},
+		{"sub unicode", ValidateSubscriptionID, "subé", ErrInvalidSubscriptionID},
+		{"project ok", ValidateProjectID, "my-project", nil},
+		{"project short", ValidateProjectID, "p", nil},
+		{"project domain", ValidateProjectID, "example.com:proj", nil},
+		{"project empty", ValidateProjectID, "", ErrInvalidProjectID},
+		{"project wildcard", ValidateProjectID, "p*", ErrInvalidProjectID},
+		{"project leading dash", ValidateProjectID, "-p", ErrInvalidProjectID},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.validate(tt.id)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("got %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestKeyToken(t *testing.T) {
+	tests := []struct{ key, token string }{
+		{"user-123", "user-123"},
+		{"users:42", "users:42"},
+		{"tenant/a@b", "tenant/a@b"},
+		{"a.b", "a%2Eb"},
+		{"*", "%2A"},
+		{">", "%3E"},
+		{"a b", "a%20b"},
+		{"100%", "100%25"},
+		{"é", "%C3%A9"},
+		{"\x00", "%00"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.token, func(t *testing.T) {
+			if got := KeyToken(tt.key); got != tt.token {
+				t.Fatalf("KeyToken(%q) = %q, want %q", tt.key, got, tt.token)
+			}
+			back, err := DecodeKey(tt.token)
+			if err != nil || back != tt.key {
+				t.Fatalf("DecodeKey(%q) = %q, %v", tt.token, back, err)
+			}
+		})
+	}
+}
+
+func TestKeyTokenHashForm(t *testing.T) {
+	long := strings.Repeat("k", MaxTokenBytes+1)
+	tok := KeyToken(long)
+	if !IsHashToken(tok) || len(tok) != 2+52 {
+		t.Fatalf("long key token = %q, want hash form", tok)
+	}
+	if KeyToken(long+"x") == tok {
+		t.Fatal("two long keys share a token")
+	}
+	atLimit := strings.Repeat("k", MaxTokenBytes)
+	if KeyToken(atLimit) != atLimit {
+		t.Fatal("a key of MaxTokenBytes safe bytes must stay readable")
+	}
+	// 86 dots encode to 258 bytes: hashed although the key is short.
+	if !IsHashToken(KeyToken(strings.Repeat(".", 86))) {
+		t.Fatal("an encoding over MaxTokenBytes must be hashed")
+	}
+}
+
+func TestDecodeKeyRejectsBadEncoding(t *testing.T) {
+	for _, s := range []string{"%", "%4", "%zz", "a%g0"} {
+		if _, err := DecodeKey(s); !errors.Is(err, ErrInvalidEncoding) {
+			t.Errorf("DecodeKey(%q) err = %v, want ErrInvalidEncoding", s, err)
+		}
+	}
+}
+
+func TestSubjectsAndNames(t *testing.T) {
+	if got := KeyedSubject("p", "orders", "a.*"); got != "jetorder.p.orders.k.a%2E%2A" {
+		t.Fatalf("KeyedSubject = %q", got)
+	}
+	if got := UnkeyedSubject("p", "or.ders"); got != "jetorder.p.or_2Eders.u" {
+		t.Fatalf("UnkeyedSubject = %q", got)
+	}
+	if got := StreamName("my-proj", "orders"); got != "JO_my-proj__orders" {
+		t.Fatalf("StreamName = %q", got)
+	}
+	tok, ok := TokenOfSubject(KeyedSubject("p", "t.k", "x.y"))
+	if !ok || tok != KeyToken("x.y") {
+		t.Fatalf("TokenOfSubject = %q, %v", tok, ok)
+	}
+	if _, ok := TokenOfSubject(UnkeyedSubject("p", "t")); ok {
+		t.Fatal("TokenOfSubject accepted an unkeyed subject")
+	}
+	// Names that would collide under a naive join stay apart.
+	if StreamName("a_b", "c") == StreamName("a", "b_c") {
+		t.Fatal("stream names collide")
+	}
+	if SubscriptionBase("a_b", "c") == SubscriptionBase("a", "b_c") {
+		t.Fatal("subscription bases collide")
+	}
+	long := "t" + strings.Repeat(".", 254)
+	for _, name := range []string{StreamName("p", long), KeyConsumer("p", long, "k"), UnkeyedConsumer("p", long), AllConsumer("p", long)} {
+		if len(name) > maxNameBytes || strings.ContainsAny(name, " \t\r\n.*>/\\") {
+			t.Fatalf("invalid JetStream name %q", name)
+		}
+	}
+	if KeyConsumer("p", "s", "a") == KeyConsumer("p", "s", "A") {
+		t.Fatal("key consumers collide")
+	}
+	if !strings.HasPrefix(KeyConsumer("p", "s", "a"), KeyConsumerPrefix("p", "s")) {
+		t.Fatal("key consumer lacks its prefix")
+	}
+}
+
+// subjectSafe is the property every token must have: a single subject token
+// that no NATS wildcard rule can interpret.
+func subjectSafe(tok string) bool {
+	if tok == "" || !utf8.ValidString(tok) {
+		return false
+	}
+	for i := 0; i < len(tok); i++ {
+		c := tok[i]
+		if c <= ' ' || c >= 0x7f || c == '.' || c == '*' || c == '>' {
+			return false
+		}
+	}
+	return true
+}
+
+func FuzzKeyToken(f *testing.F) {
+	for _, s := range []string{"user-123", "a.b", "*", ">", "a.*.>", " ", "%", "%41", "A", "é", "\x00\n", strings.Repeat("x", 300), strings.Repeat("%", 90)} {
+		f.Add(s, s+"x")
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		if ValidateOrderingKey(a) != nil || ValidateOrderingKey(b) != nil {
+			return
+		}
+		ta, tb := KeyToken(a), KeyToken(b)
+		for _, tok := range []string{ta, tb} {
+			if !subjectSafe(tok) {
+				t.Fatalf("token %q is not subject-safe", tok)
+			}
+			if len(tok) > MaxTokenBytes {
+				t.Fatalf("token %q longer than MaxTokenBytes", tok)
+			}
+		}
+		if a != b && ta == tb && !(IsHashToken(ta) && IsHashToken(tb)) {
+			t.Fatalf("keys %q and %q share token %q outside the hash form", a, b, ta)
+		}
+		if !IsHashToken(ta) {
+			back, err := DecodeKey(ta)
+			if err != nil || back != a {
+				t.Fatalf("DecodeKey(KeyToken(%q)) = %q, %v", a, back, err)
+			}
+		}
+		enc := EncodeKey(a)
+		if !subjectSafe(enc) {
+			t.Fatalf("EncodeKey(%q) = %q is not header/subject safe", a, enc)
+		}
+		if back, err := DecodeKey(enc); err != nil || back != a {
+			t.Fatalf("DecodeKey(EncodeKey(%q)) = %q, %v", a, back, err)
+		}
+		subj := KeyedSubject("p", "topic", a)
+		if tok, ok := TokenOfSubject(subj); !ok || tok != ta {
+			t.Fatalf("subject %q does not end in its token", subj)
+		}
+		if strings.Count(subj, ".") != 4 {
+			t.Fatalf("subject %q has a token count other than 5", subj)
+		}
+	})
+}
