@@ -1,0 +1,212 @@
+// Package adapter is jetorder's Go library: Google-Pub/Sub-style topics,
+// subscriptions and ordering keys on NATS JetStream.
+//
+// A topic is a JetStream stream; a message's ordering key is a subject token
+// (see package keyrouter). A subscription with message ordering enabled
+// delivers each key through its own durable consumer with MaxAckPending 1,
+// so JetStream itself holds a key's next message until the previous one is
+// acked, for every process receiving on the subscription at once. Consumers
+// are created when a key has messages and removed when it goes idle.
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+const (
+	subscriptionsBucket = "JO_SUBSCRIPTIONS"
+	leasesBucket        = "JO_LEASES"
+)
+
+// Client is the entry point: topics and subscriptions of one project over a
+// NATS connection. It is safe for concurrent use. The caller owns the
+// connection: Close does not close it.
+type Client struct {
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	project string
+	cfg     clientConfig
+
+	mu     sync.Mutex
+	subsKV jetstream.KeyValue
+	leases jetstream.KeyValue
+	closed bool
+}
+
+type clientConfig struct {
+	logger       *slog.Logger
+	replicas     int
+	leaseTTL     time.Duration
+	idleTimeout  time.Duration
+	apiTimeout   time.Duration
+	createWorker int
+}
+
+// Option configures a Client.
+type Option func(*clientConfig) error
+
+// WithLogger sets the logger for background events (ownership changes,
+// consumer clean-up, retried failures). The default discards everything.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *clientConfig) error { c.logger = l; return nil }
+}
+
+// WithReplicas sets the replica count of the streams and buckets the client
+// creates (1 on a single server, 3 in a cluster). Default 1.
+func WithReplicas(n int) Option {
+	return func(c *clientConfig) error {
+		if n < 1 || n > 5 {
+			return fmt.Errorf("%w: replicas %d not in 1..5", ErrInvalidConfig, n)
+		}
+		c.replicas = n
+		return nil
+	}
+}
+
+// WithOwnerLease sets how long a receiving process owns a subscription's key
+// discovery after its last renewal; another process takes over after that
+// when the owner dies. It is the TTL of the lease bucket, fixed by the first
+// client that creates the bucket. Default 6s.
+func WithOwnerLease(d time.Duration) Option {
+	return func(c *clientConfig) error {
+		if d < 500*time.Millisecond {
+			return fmt.Errorf("%w: owner lease %v below 500ms", ErrInvalidConfig, d)
+		}
+		c.leaseTTL = d
+		return nil
+	}
+}
+
+// WithIdleTimeout sets how long a key must see no new message before its
+// consumer is considered for removal (it is removed only when nothing is
+// pending or unacked). Default 5s.
+func WithIdleTimeout(d time.Duration) Option {
+	return func(c *clientConfig) error {
+		if d < 100*time.Millisecond {
+			return fmt.Errorf("%w: idle timeout %v below 100ms", ErrInvalidConfig, d)
+		}
+		c.idleTimeout = d
+		return nil
+	}
+}
+
+// NewClient returns a client for project over nc, which must have JetStream
+// available. It does no I/O; buckets are created on first use.
+func NewClient(nc *nats.Conn, project string, opts ...Option) (*Client, error) {
+	if nc == nil {
+		return nil, fmt.Errorf("%w: nil *nats.Conn", ErrInvalidConfig)
+	}
+	if err := keyrouter.ValidateProjectID(project); err != nil {
+		return nil, err
+	}
+	cfg := clientConfig{
+		logger:       slog.New(slog.DiscardHandler),
+		replicas:     1,
+		leaseTTL:     6 * time.Second,
+		idleTimeout:  5 * time.Second,
+		apiTimeout:   10 * time.Second,
+		createWorker: 32,
+	}
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(cfg.apiTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return &Client{nc: nc, js: js, project: project, cfg: cfg}, nil
+}
+
+// Project is the client's project id.
+func (c *Client) Project() string { return c.project }
+
+// Close marks the client closed: later calls fail with ErrClosed. Receive
+// calls in progress are ended by cancelling their contexts, not by Close.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *Client) checkOpen() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// withTimeout gives ctx a deadline if it has none, so no API call waits
+// forever on a missing server.
+func (c *Client) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, c.cfg.apiTimeout)
+}
+
+// buckets returns the registry buckets, creating them on first use.
+func (c *Client) buckets(ctx context.Context) (subs, leases jetstream.KeyValue, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, nil, ErrClosed
+	}
+	if c.subsKV == nil {
+		kv, err := c.openBucket(ctx, jetstream.KeyValueConfig{
+			Bucket:      subscriptionsBucket,
+			Description: "jetorder subscriptions and key-discovery positions",
+			Storage:     jetstream.FileStorage,
+			Replicas:    c.cfg.replicas,
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		c.subsKV = kv
+	}
+	if c.leases == nil {
+		kv, err := c.openBucket(ctx, jetstream.KeyValueConfig{
+			Bucket:      leasesBucket,
+			Description: "jetorder key-discovery ownership leases",
+			Storage:     jetstream.FileStorage,
+			Replicas:    c.cfg.replicas,
+			TTL:         c.cfg.leaseTTL,
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		c.leases = kv
+	}
+	return c.subsKV, c.leases, nil
+}
+
+func (c *Client) openBucket(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := c.js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = c.js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = c.js.KeyValue(ctx, cfg.Bucket)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
+	}
+	return kv, nil
+}

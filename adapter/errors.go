@@ -1,0 +1,47 @@
+package adapter
+
+import (
+	"errors"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// Errors returned by the adapter. Each is matched with errors.Is; most are
+// returned wrapped with the name they concern.
+var (
+	// ErrTopicNotFound is returned for a topic that does not exist: by
+	// Topic.Config, Topic.Delete, Publish and CreateSubscription.
+	ErrTopicNotFound = errors.New("topic not found")
+	// ErrTopicExists is returned by CreateTopic for a topic that exists.
+	ErrTopicExists = errors.New("topic already exists")
+	// ErrTopicDeleted is returned by Receive when the subscription's topic
+	// was deleted (before or during Receive). The topic's messages are gone
+	// with it.
+	ErrTopicDeleted = errors.New("topic of subscription was deleted")
+	// ErrSubscriptionNotFound is returned for a subscription that does not
+	// exist, and by Receive when the subscription is deleted while receiving.
+	ErrSubscriptionNotFound = errors.New("subscription not found")
+	// ErrSubscriptionExists is returned by CreateSubscription for an id in use.
+	ErrSubscriptionExists = errors.New("subscription already exists")
+	// ErrInvalidConfig is returned for a configuration value out of range.
+	ErrInvalidConfig = errors.New("invalid configuration")
+	// ErrInvalidMessage is returned by Publish for a message that breaks a
+	// limit (attributes, size).
+	ErrInvalidMessage = errors.New("invalid message")
+	// ErrHandlerPanic is returned by Receive when a handler panicked. The
+	// message it was handling is nacked, so it is redelivered in order.
+	ErrHandlerPanic = errors.New("receive handler panicked")
+	// ErrClosed is returned after Client.Close.
+	ErrClosed = errors.New("client closed")
+)
+
+// The ordering key and name errors are keyrouter's; they are re-exported so
+// adapter users need not import keyrouter to match them.
+var (
+	ErrEmptyOrderingKey      = keyrouter.ErrEmptyOrderingKey
+	ErrOrderingKeyTooLong    = keyrouter.ErrOrderingKeyTooLong
+	ErrOrderingKeyNotUTF8    = keyrouter.ErrOrderingKeyNotUTF8
+	ErrInvalidProjectID      = keyrouter.ErrInvalidProjectID
+	ErrInvalidTopicID        = keyrouter.ErrInvalidTopicID
+	ErrInvalidSubscriptionID = keyrouter.ErrInvalidSubscriptionID
+)

@@ -1,0 +1,138 @@
+package adapter
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// Message is a message to publish or one delivered by Receive.
+type Message struct {
+	// ID is set by Publish (its result) and on delivery.
+	ID string
+	// Data is the payload.
+	Data []byte
+	// Attributes are string key/value pairs carried beside the payload.
+	Attributes map[string]string
+	// OrderingKey, when not empty, orders this message after every earlier
+	// message with the same key, on every subscription with ordering enabled.
+	OrderingKey string
+
+	// PublishTime is when the server stored the message (delivery only).
+	PublishTime time.Time
+	// DeliveryAttempt counts deliveries of this message to the subscription,
+	// starting at 1 (delivery only).
+	DeliveryAttempt int
+
+	d *delivery
+}
+
+// Ack acknowledges the message: it is not delivered again, and the next
+// message of its ordering key may be delivered. Ack and Nack after the first
+// of them do nothing.
+func (m *Message) Ack() {
+	if m.d != nil {
+		m.d.finish(ackAck)
+	}
+}
+
+// Nack hands the message back: it is redelivered, before any later message
+// of its ordering key.
+func (m *Message) Nack() {
+	if m.d != nil {
+		m.d.finish(ackNak)
+	}
+}
+
+// Limits on attributes, as Google Pub/Sub has them.
+const (
+	maxAttributes      = 100
+	maxAttrKeyBytes    = 256
+	maxAttrValueBytes  = 1024
+	headerOrderingKey  = "Jetorder-Ordering-Key"
+	headerAttrPrefix   = "Jetorder-Attr-"
+	headerNatsMsgID    = "Nats-Msg-Id"
+	googReservedPrefix = "goog"
+)
+
+func validateAttributes(attrs map[string]string) error {
+	if len(attrs) > maxAttributes {
+		return fmt.Errorf("%w: %d attributes, at most %d", ErrInvalidMessage, len(attrs), maxAttributes)
+	}
+	for k, v := range attrs {
+		switch {
+		case k == "":
+			return fmt.Errorf("%w: empty attribute key", ErrInvalidMessage)
+		case len(k) > maxAttrKeyBytes:
+			return fmt.Errorf("%w: attribute key %.32q... longer than %d bytes", ErrInvalidMessage, k, maxAttrKeyBytes)
+		case len(v) > maxAttrValueBytes:
+			return fmt.Errorf("%w: attribute %q value longer than %d bytes", ErrInvalidMessage, k, maxAttrValueBytes)
+		case !utf8.ValidString(k) || !utf8.ValidString(v):
+			return fmt.Errorf("%w: attribute %q is not valid UTF-8", ErrInvalidMessage, k)
+		case strings.HasPrefix(k, googReservedPrefix):
+			return fmt.Errorf("%w: attribute key %q: the prefix %q is reserved", ErrInvalidMessage, k, googReservedPrefix)
+		}
+	}
+	return nil
+}
+
+// writeHeaders puts the ordering key and attributes into h. Both are
+// percent-encoded (docs/WIRE.md), so any UTF-8 survives NATS headers.
+func writeHeaders(h nats.Header, msg *Message) {
+	if msg.OrderingKey != "" {
+		h[headerOrderingKey] = []string{keyrouter.EncodeKey(msg.OrderingKey)}
+	}
+	for k, v := range msg.Attributes {
+		h[headerAttrPrefix+encodeHeaderName(k)] = []string{keyrouter.EncodeKey(v)}
+	}
+}
+
+// readHeaders is the inverse of writeHeaders. A header this adapter did not
+// write, or cannot decode, is ignored: it cannot be a key or attribute.
+func readHeaders(h nats.Header, m *Message) {
+	if v := h.Get(headerOrderingKey); v != "" {
+		if k, err := keyrouter.DecodeKey(v); err == nil {
+			m.OrderingKey = k
+		}
+	}
+	m.ID = h.Get(headerNatsMsgID)
+	for name, vals := range h {
+		if !strings.HasPrefix(name, headerAttrPrefix) || len(vals) == 0 {
+			continue
+		}
+		k, err1 := keyrouter.DecodeKey(name[len(headerAttrPrefix):])
+		v, err2 := keyrouter.DecodeKey(vals[0])
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if m.Attributes == nil {
+			m.Attributes = make(map[string]string)
+		}
+		m.Attributes[k] = v
+	}
+}
+
+// encodeHeaderName keeps [A-Za-z0-9-_] and writes every other byte as %XX:
+// a header name may not hold ':' or whitespace.
+func encodeHeaderName(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "%%%02X", c)
+	}
+	return b.String()
+}
+
+func sortByID[T any](s []T, id func(T) string) {
+	sort.Slice(s, func(i, j int) bool { return id(s[i]) < id(s[j]) })
+}

@@ -1,0 +1,399 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// ReceiveSettings tune Receive.
+type ReceiveSettings struct {
+	// MaxOutstandingMessages bounds the messages handed to handlers and not
+	// yet acked, nacked or returned. Messages beyond it wait, with their
+	// deadlines extended, until a handler is free. Default 1000.
+	MaxOutstandingMessages int
+	// MaxExtension bounds how long Receive keeps extending the ack deadline
+	// of a message it holds. Default 60 minutes.
+	MaxExtension time.Duration
+}
+
+// DefaultReceiveSettings are the settings a new Subscription handle has.
+var DefaultReceiveSettings = ReceiveSettings{
+	MaxOutstandingMessages: 1000,
+	MaxExtension:           60 * time.Minute,
+}
+
+type ackKind int
+
+const (
+	ackAck ackKind = iota
+	ackNak
+	ackProgress
+)
+
+var ackPayload = [...][]byte{ackAck: []byte("+ACK"), ackNak: []byte("-NAK"), ackProgress: []byte("+WPI")}
+
+// heldKey names one message of one consumer: redeliveries of a message this
+// process still holds have the same heldKey.
+type heldKey struct {
+	consumer string
+	seq      uint64
+}
+
+// delivery is one message this process holds, from its arrival until it is
+// acked, nacked or its handler returns without either.
+type delivery struct {
+	r          *receiver
+	key        heldKey
+	reply      string
+	msg        *Message
+	arrived    time.Time
+	lastExtend time.Time // guarded by r.mu
+	once       sync.Once
+}
+
+// finish is the one place a delivery's outcome is decided: the first call
+// wins, later ones do nothing.
+func (d *delivery) finish(kind ackKind) {
+	d.once.Do(func() {
+		d.r.release(d)
+		if err := d.r.c.nc.Publish(d.reply, ackPayload[kind]); err != nil {
+			d.r.c.cfg.logger.Warn("ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)
+		}
+	})
+}
+
+// abandon stops extending the deadline of a message whose handler returned
+// without acking it: it is redelivered when its deadline passes, unless the
+// application acks it first.
+func (d *delivery) abandon() { d.r.release(d) }
+
+// receiver runs one Receive call.
+type receiver struct {
+	c        *Client
+	sub      *Subscription
+	rec      *subRecord
+	handler  func(context.Context, *Message)
+	settings ReceiveSettings
+
+	hctx    context.Context // handlers' context, cancelled when Receive ends
+	slots   chan struct{}
+	wake    chan struct{}
+	stopped chan struct{}
+	workers sync.WaitGroup // handlers
+	loops   sync.WaitGroup // background goroutines
+
+	mu       sync.Mutex
+	queue    []*delivery
+	held     map[heldKey]*delivery
+	stopping bool
+	fatal    error
+	fatalSet chan struct{}
+}
+
+// Receive calls f for each delivered message, concurrently, until ctx is
+// done or a fatal error occurs. With message ordering enabled, f never runs
+// for a message while an earlier message of its ordering key is unacked, on
+// any process receiving from the subscription.
+//
+// f must call Ack or Nack. If f returns without either, the message is
+// redelivered when its ack deadline passes. The ack deadline is extended
+// while f runs (up to ReceiveSettings.MaxExtension).
+//
+// Receive returns nil when ctx is cancelled, after every running f has
+// returned; messages not yet handed to f are nacked so they are redelivered
+// at once. It returns ErrSubscriptionNotFound or ErrTopicDeleted when the
+// subscription or its topic goes away, and an ErrHandlerPanic error if f
+// panics (the message is nacked).
+func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Message)) error {
+	if err := s.c.checkOpen(); err != nil {
+		return err
+	}
+	if f == nil {
+		return fmt.Errorf("%w: nil handler", ErrInvalidConfig)
+	}
+	settings := s.ReceiveSettings
+	if settings.MaxOutstandingMessages <= 0 {
+		settings.MaxOutstandingMessages = DefaultReceiveSettings.MaxOutstandingMessages
+	}
+	if settings.MaxExtension <= 0 {
+		settings.MaxExtension = DefaultReceiveSettings.MaxExtension
+	}
+	lctx, lcancel := s.c.withTimeout(ctx)
+	rec, err := s.load(lctx)
+	if err == nil {
+		err = s.c.checkTopic(lctx, rec)
+	}
+	lcancel()
+	if err != nil {
+		return err
+	}
+
+	hctx, hcancel := context.WithCancel(ctx)
+	defer hcancel()
+	r := &receiver{
+		c:        s.c,
+		sub:      s,
+		rec:      rec,
+		handler:  f,
+		settings: settings,
+		hctx:     hctx,
+		slots:    make(chan struct{}, settings.MaxOutstandingMessages),
+		wake:     make(chan struct{}, 1),
+		stopped:  make(chan struct{}),
+		held:     make(map[heldKey]*delivery),
+		fatalSet: make(chan struct{}),
+	}
+	return r.run(ctx, hcancel)
+}
+
+// checkTopic returns ErrTopicDeleted if the subscription's topic is gone or
+// was deleted and created again.
+func (c *Client) checkTopic(ctx context.Context, rec *subRecord) error {
+	info, err := c.js.Stream(ctx, rec.stream())
+	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("%w: projects/%s/topics/%s", ErrTopicDeleted, rec.TopicProject, rec.Topic)
+		}
+		return err
+	}
+	if !info.CachedInfo().Created.Equal(rec.StreamCreated) {
+		return fmt.Errorf("%w: projects/%s/topics/%s was deleted and created again", ErrTopicDeleted, rec.TopicProject, rec.Topic)
+	}
+	return nil
+}
+
+func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) error {
+	sub, err := r.c.nc.QueueSubscribe(keyrouter.DeliverSubject(r.rec.Project, r.rec.ID), deliverGroup, r.onMsg)
+	if err != nil {
+		return fmt.Errorf("receive %s: %w", r.sub, err)
+	}
+	// JetStream bounds what can be pushed (MaxAckPending per consumer), so
+	// the client must not drop any of it as a slow consumer.
+	_ = sub.SetPendingLimits(-1, -1)
+
+	bg, stopBackground := context.WithCancel(ctx)
+	defer stopBackground()
+	r.loops.Add(3)
+	go r.dispatch()
+	go r.extendLeases()
+	go r.supervise(bg)
+	if r.rec.Ordering {
+		r.loops.Add(1)
+		go newOwner(r).run(bg)
+	}
+
+	select {
+	case <-ctx.Done():
+	case <-r.fatalSet:
+	}
+
+	// Stop taking messages, hand back what no handler has started, wait for
+	// the handlers, then hand back whatever they left unacked.
+	r.mu.Lock()
+	r.stopping = true
+	r.mu.Unlock()
+	_ = sub.Unsubscribe()
+	close(r.stopped)
+	stopBackground()
+	r.loops.Wait()
+	r.mu.Lock()
+	queued := r.queue
+	r.queue = nil
+	r.mu.Unlock()
+	for _, d := range queued {
+		d.finish(ackNak)
+	}
+	cancelHandlers()
+	r.workers.Wait()
+	r.mu.Lock()
+	var left []*delivery
+	for _, d := range r.held {
+		left = append(left, d)
+	}
+	r.mu.Unlock()
+	for _, d := range left {
+		d.finish(ackNak)
+	}
+	if r.fatal != nil && errors.Is(r.fatal, ErrSubscriptionNotFound) {
+		// An owner may have created a key consumer after the subscription's
+		// consumers were removed; remove it too.
+		cctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
+		_ = r.c.deleteConsumers(cctx, r.rec)
+		cancel()
+	}
+	return r.fatal
+}
+
+// fail ends Receive with err (the first error wins).
+func (r *receiver) fail(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fatal == nil {
+		r.fatal = err
+		close(r.fatalSet)
+	}
+}
+
+// onMsg runs on the subscription's delivery goroutine for every pushed
+// message: it only records the message and queues it.
+func (r *receiver) onMsg(m *nats.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		return // not a JetStream delivery (nothing else is sent here)
+	}
+	k := heldKey{consumer: meta.Consumer, seq: meta.Sequence.Stream}
+	now := time.Now()
+	msg := &Message{
+		Data:            m.Data,
+		PublishTime:     meta.Timestamp,
+		DeliveryAttempt: int(meta.NumDelivered),
+	}
+	readHeaders(m.Header, msg)
+	d := &delivery{r: r, key: k, reply: m.Reply, msg: msg, arrived: now, lastExtend: now}
+	msg.d = d
+
+	r.mu.Lock()
+	if r.stopping {
+		r.mu.Unlock()
+		_ = r.c.nc.Publish(m.Reply, ackPayload[ackNak])
+		return
+	}
+	if _, dup := r.held[k]; dup {
+		// A redelivery of a message this process still holds (its deadline
+		// passed while it waited): keep the copy we have.
+		r.mu.Unlock()
+		return
+	}
+	r.held[k] = d
+	r.queue = append(r.queue, d)
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// release forgets d: its deadline is no longer extended.
+func (r *receiver) release(d *delivery) {
+	r.mu.Lock()
+	if r.held[d.key] == d {
+		delete(r.held, d.key)
+	}
+	r.mu.Unlock()
+}
+
+// dispatch hands queued messages to handlers, at most
+// MaxOutstandingMessages at a time.
+func (r *receiver) dispatch() {
+	defer r.loops.Done()
+	for {
+		select {
+		case <-r.wake:
+		case <-r.stopped:
+			return
+		}
+		for {
+			r.mu.Lock()
+			if len(r.queue) == 0 {
+				r.mu.Unlock()
+				break
+			}
+			d := r.queue[0]
+			r.queue[0] = nil
+			r.queue = r.queue[1:]
+			r.mu.Unlock()
+			select {
+			case r.slots <- struct{}{}:
+			case <-r.stopped:
+				d.finish(ackNak)
+				return
+			}
+			r.workers.Add(1)
+			go r.handle(d)
+		}
+	}
+}
+
+func (r *receiver) handle(d *delivery) {
+	defer r.workers.Done()
+	defer func() { <-r.slots }()
+	defer func() {
+		if p := recover(); p != nil {
+			d.finish(ackNak)
+			r.fail(fmt.Errorf("%w: %v (message %s, ordering key %q)", ErrHandlerPanic, p, d.msg.ID, d.msg.OrderingKey))
+		}
+	}()
+	r.handler(r.hctx, d.msg)
+	d.abandon()
+}
+
+// extendLeases keeps the deadline of every held message from passing while
+// it waits for, or runs in, a handler.
+func (r *receiver) extendLeases() {
+	defer r.loops.Done()
+	deadline := r.rec.ackDeadline()
+	period := deadline / 3
+	t := time.NewTicker(period)
+	defer t.Stop()
+	var due []string
+	for {
+		select {
+		case <-t.C:
+		case <-r.stopped:
+			return
+		}
+		now := time.Now()
+		due = due[:0]
+		r.mu.Lock()
+		for _, d := range r.held {
+			if now.Sub(d.lastExtend) >= deadline/2 && now.Sub(d.arrived) < r.settings.MaxExtension {
+				d.lastExtend = now
+				due = append(due, d.reply)
+			}
+		}
+		r.mu.Unlock()
+		for _, reply := range due {
+			_ = r.c.nc.Publish(reply, ackPayload[ackProgress])
+		}
+	}
+}
+
+// supervise ends Receive when the subscription or its topic goes away or
+// the connection closes.
+func (r *receiver) supervise(ctx context.Context) {
+	defer r.loops.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-r.stopped:
+			return
+		}
+		if r.c.nc.IsClosed() {
+			r.fail(fmt.Errorf("receive %s: %w", r.sub, nats.ErrConnectionClosed))
+			return
+		}
+		cctx, cancel := r.c.withTimeout(ctx)
+		_, err := r.sub.load(cctx)
+		if err == nil {
+			err = r.c.checkTopic(cctx, r.rec)
+		}
+		cancel()
+		if errors.Is(err, ErrSubscriptionNotFound) || errors.Is(err, ErrTopicDeleted) {
+			r.fail(err)
+			return
+		}
+		if err != nil && ctx.Err() == nil {
+			r.c.cfg.logger.Debug("subscription check failed; will retry", "subscription", r.sub.id, "err", err)
+		}
+	}
+}

@@ -1,0 +1,318 @@
+package adapter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+const (
+	// deliverGroup is the queue group every receiving process joins on a
+	// subscription's delivery subject, so each pushed message reaches one.
+	deliverGroup = "jetorder"
+	// sharedMaxAckPending bounds unacked messages on a subscription's shared
+	// consumer (unkeyed messages, or everything without ordering).
+	sharedMaxAckPending = 2048
+
+	defaultAckDeadline = 10 * time.Second
+	minAckDeadline     = time.Second
+	maxAckDeadline     = 600 * time.Second
+)
+
+// SubscriptionConfig is a subscription's configuration.
+type SubscriptionConfig struct {
+	// Topic the subscription receives from. Required on create.
+	Topic *Topic
+	// AckDeadline is how long a delivered message may stay unacked before it
+	// is redelivered (Receive extends it while a handler runs). 1s..600s;
+	// 0 means 10s.
+	AckDeadline time.Duration
+	// EnableMessageOrdering delivers messages with the same ordering key one
+	// at a time, in publish order. It cannot be changed after creation.
+	EnableMessageOrdering bool
+}
+
+// subRecord is what the registry bucket stores for a subscription.
+type subRecord struct {
+	ID            string    `json:"id"`
+	Project       string    `json:"project"`
+	TopicProject  string    `json:"topic_project"`
+	Topic         string    `json:"topic"`
+	Ordering      bool      `json:"ordering"`
+	AckDeadlineMS int64     `json:"ack_deadline_ms"`
+	StartSeq      uint64    `json:"start_seq"`
+	StreamCreated time.Time `json:"stream_created"`
+	Created       time.Time `json:"created"`
+}
+
+func (r *subRecord) ackDeadline() time.Duration {
+	return time.Duration(r.AckDeadlineMS) * time.Millisecond
+}
+
+func (r *subRecord) stream() string { return keyrouter.StreamName(r.TopicProject, r.Topic) }
+
+// consumerConfig is the push consumer every consumer of the subscription
+// shares but for name, filter, start and MaxAckPending.
+func (r *subRecord) consumerConfig(name, filter string, start uint64, maxAckPending int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        name,
+		Description:    "jetorder projects/" + r.Project + "/subscriptions/" + r.ID,
+		DeliverSubject: keyrouter.DeliverSubject(r.Project, r.ID),
+		DeliverGroup:   deliverGroup,
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    start,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        r.ackDeadline(),
+		MaxDeliver:     -1,
+		FilterSubject:  filter,
+		MaxAckPending:  maxAckPending,
+	}
+}
+
+// sharedConsumer is the consumer of unkeyed messages (ordering) or of every
+// message (no ordering).
+func (r *subRecord) sharedConsumer() (name, filter string) {
+	if r.Ordering {
+		return keyrouter.UnkeyedConsumer(r.Project, r.ID), keyrouter.UnkeyedSubject(r.TopicProject, r.Topic)
+	}
+	return keyrouter.AllConsumer(r.Project, r.ID), keyrouter.TopicSubjects(r.TopicProject, r.Topic)
+}
+
+// Subscription is a handle on a subscription. Getting one does no I/O.
+type Subscription struct {
+	c  *Client
+	id string
+	// ReceiveSettings tune Receive; set them before calling it.
+	ReceiveSettings ReceiveSettings
+}
+
+// Subscription returns a handle on the subscription id of the project.
+func (c *Client) Subscription(id string) *Subscription {
+	return &Subscription{c: c, id: id, ReceiveSettings: DefaultReceiveSettings}
+}
+
+// ID is the subscription id.
+func (s *Subscription) ID() string { return s.id }
+
+// String is the subscription's full name.
+func (s *Subscription) String() string {
+	return "projects/" + s.c.project + "/subscriptions/" + s.id
+}
+
+func (s *Subscription) kvKey() string    { return keyrouter.KVKey(s.c.project, s.id) }
+func (s *Subscription) floorKey() string { return s.kvKey() + ".floor" }
+
+// CreateSubscription creates a subscription that receives every message
+// published to cfg.Topic from now on. It returns ErrSubscriptionExists,
+// ErrTopicNotFound, or an ErrInvalidSubscriptionID / ErrInvalidConfig error.
+func (c *Client) CreateSubscription(ctx context.Context, id string, cfg SubscriptionConfig) (*Subscription, error) {
+	if err := keyrouter.ValidateSubscriptionID(id); err != nil {
+		return nil, err
+	}
+	if cfg.Topic == nil {
+		return nil, fmt.Errorf("%w: subscription %s needs a topic", ErrInvalidConfig, id)
+	}
+	if cfg.AckDeadline == 0 {
+		cfg.AckDeadline = defaultAckDeadline
+	}
+	if cfg.AckDeadline < minAckDeadline || cfg.AckDeadline > maxAckDeadline {
+		return nil, fmt.Errorf("%w: ack deadline %v not in %v..%v", ErrInvalidConfig, cfg.AckDeadline, minAckDeadline, maxAckDeadline)
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	info, err := cfg.Topic.info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	kv, _, err := c.buckets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s := c.Subscription(id)
+	rec := &subRecord{
+		ID:            id,
+		Project:       c.project,
+		TopicProject:  cfg.Topic.project,
+		Topic:         cfg.Topic.id,
+		Ordering:      cfg.EnableMessageOrdering,
+		AckDeadlineMS: cfg.AckDeadline.Milliseconds(),
+		StartSeq:      info.State.LastSeq + 1,
+		StreamCreated: info.Created,
+		Created:       time.Now().UTC(),
+	}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	// The registry entry claims the id before any consumer exists, so two
+	// creates of the same id cannot both succeed.
+	if _, err := kv.Create(ctx, s.kvKey(), data); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("%w: %s", ErrSubscriptionExists, s)
+		}
+		return nil, fmt.Errorf("create subscription %s: %w", s, err)
+	}
+	if err := s.createConsumers(ctx, kv, rec); err != nil {
+		_ = kv.Delete(ctx, s.kvKey())
+		return nil, fmt.Errorf("create subscription %s: %w", s, err)
+	}
+	return s, nil
+}
+
+func (s *Subscription) createConsumers(ctx context.Context, kv jetstream.KeyValue, rec *subRecord) error {
+	name, filter := rec.sharedConsumer()
+	if _, err := s.c.js.CreatePushConsumer(ctx, rec.stream(), rec.consumerConfig(name, filter, rec.StartSeq, sharedMaxAckPending)); err != nil {
+		return err
+	}
+	if rec.Ordering {
+		// Key discovery starts right before the subscription's first message.
+		if _, err := kv.Put(ctx, s.floorKey(), []byte(strconv.FormatUint(rec.StartSeq-1, 10))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// load reads the subscription's record.
+func (s *Subscription) load(ctx context.Context) (*subRecord, error) {
+	if err := keyrouter.ValidateSubscriptionID(s.id); err != nil {
+		return nil, err
+	}
+	kv, _, err := s.c.buckets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := kv.Get(ctx, s.kvKey())
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("%w: %s", ErrSubscriptionNotFound, s)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("subscription %s: %w", s, err)
+	}
+	var rec subRecord
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return nil, fmt.Errorf("subscription %s: corrupt record: %w", s, err)
+	}
+	return &rec, nil
+}
+
+// Exists reports whether the subscription exists.
+func (s *Subscription) Exists(ctx context.Context) (bool, error) {
+	ctx, cancel := s.c.withTimeout(ctx)
+	defer cancel()
+	_, err := s.load(ctx)
+	if errors.Is(err, ErrSubscriptionNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Config returns the subscription's configuration.
+func (s *Subscription) Config(ctx context.Context) (SubscriptionConfig, error) {
+	ctx, cancel := s.c.withTimeout(ctx)
+	defer cancel()
+	rec, err := s.load(ctx)
+	if err != nil {
+		return SubscriptionConfig{}, err
+	}
+	return SubscriptionConfig{
+		Topic:                 s.c.TopicInProject(rec.Topic, rec.TopicProject),
+		AckDeadline:           rec.ackDeadline(),
+		EnableMessageOrdering: rec.Ordering,
+	}, nil
+}
+
+// Subscriptions lists the project's subscriptions, sorted by id.
+func (c *Client) Subscriptions(ctx context.Context) ([]*Subscription, error) {
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	kv, _, err := c.buckets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lister, err := kv.ListKeysFiltered(ctx, keyrouter.KVProjectFilter(c.project))
+	if err != nil {
+		return nil, fmt.Errorf("list subscriptions: %w", err)
+	}
+	var out []*Subscription
+	for key := range lister.Keys() {
+		e, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list subscriptions: %w", err)
+		}
+		var rec subRecord
+		if json.Unmarshal(e.Value(), &rec) != nil || rec.Project != c.project {
+			continue
+		}
+		out = append(out, c.Subscription(rec.ID))
+	}
+	sortByID(out, func(s *Subscription) string { return s.id })
+	return out, nil
+}
+
+// Delete deletes the subscription and its consumers; unacked messages are
+// dropped with it. Receive calls on it end with ErrSubscriptionNotFound.
+func (s *Subscription) Delete(ctx context.Context) error {
+	ctx, cancel := s.c.withTimeout(ctx)
+	defer cancel()
+	rec, err := s.load(ctx)
+	if err != nil {
+		return err
+	}
+	kv, _, err := s.c.buckets(ctx)
+	if err != nil {
+		return err
+	}
+	// Registry first: a half-deleted subscription is one that no longer
+	// exists, with consumers left to remove, never the other way round.
+	if err := kv.Delete(ctx, s.kvKey()); err != nil {
+		return fmt.Errorf("delete subscription %s: %w", s, err)
+	}
+	_ = kv.Purge(ctx, s.floorKey())
+	if err := s.c.deleteConsumers(ctx, rec); err != nil {
+		return fmt.Errorf("delete subscription %s: %w", s, err)
+	}
+	return nil
+}
+
+// deleteConsumers removes every consumer of the subscription from its
+// topic's stream. A missing stream means there is nothing to remove.
+func (c *Client) deleteConsumers(ctx context.Context, rec *subRecord) error {
+	stream, err := c.js.Stream(ctx, rec.stream())
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	shared, _ := rec.sharedConsumer()
+	keyPrefix := keyrouter.KeyConsumerPrefix(rec.Project, rec.ID)
+	names := stream.ConsumerNames(ctx)
+	var mine []string
+	for name := range names.Name() {
+		if name == shared || strings.HasPrefix(name, keyPrefix) {
+			mine = append(mine, name)
+		}
+	}
+	if err := names.Err(); err != nil {
+		return err
+	}
+	return forEachParallel(ctx, mine, 16, func(ctx context.Context, name string) error {
+		err := stream.DeleteConsumer(ctx, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil
+		}
+		return err
+	})
+}

@@ -1,0 +1,280 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// Metadata keys the adapter writes on the streams it creates.
+const (
+	metaProject = "jetorder.project"
+	metaTopic   = "jetorder.topic"
+)
+
+// TopicConfig is a topic's configuration.
+type TopicConfig struct {
+	// RetentionDuration bounds how long messages are kept; 0 keeps them
+	// until MaxBytes is reached (or forever).
+	RetentionDuration time.Duration
+	// MaxBytes bounds the topic's storage; the oldest messages go first.
+	// 0 means no limit.
+	MaxBytes int64
+}
+
+// Topic is a handle on a topic. Getting one does no I/O; use Exists to check
+// it. A Topic is safe for concurrent use.
+type Topic struct {
+	c       *Client
+	project string
+	id      string
+	stream  string
+}
+
+// Topic returns a handle on the topic id of the client's project.
+func (c *Client) Topic(id string) *Topic { return c.TopicInProject(id, c.project) }
+
+// TopicInProject returns a handle on a topic of another project, for
+// subscriptions that receive across projects.
+func (c *Client) TopicInProject(id, project string) *Topic {
+	return &Topic{c: c, project: project, id: id, stream: keyrouter.StreamName(project, id)}
+}
+
+// ID is the topic id.
+func (t *Topic) ID() string { return t.id }
+
+// String is the topic's full name, projects/P/topics/T.
+func (t *Topic) String() string { return "projects/" + t.project + "/topics/" + t.id }
+
+// CreateTopic creates a topic with default configuration.
+func (c *Client) CreateTopic(ctx context.Context, id string) (*Topic, error) {
+	return c.CreateTopicWithConfig(ctx, id, nil)
+}
+
+// CreateTopicWithConfig creates a topic. It returns ErrTopicExists if the
+// topic exists, and an ErrInvalidTopicID error for a bad id.
+func (c *Client) CreateTopicWithConfig(ctx context.Context, id string, cfg *TopicConfig) (*Topic, error) {
+	if err := c.checkOpen(); err != nil {
+		return nil, err
+	}
+	if err := keyrouter.ValidateTopicID(id); err != nil {
+		return nil, err
+	}
+	if err := keyrouter.ValidateProjectID(c.project); err != nil {
+		return nil, err
+	}
+	if cfg == nil {
+		cfg = &TopicConfig{}
+	}
+	if cfg.RetentionDuration < 0 || cfg.MaxBytes < 0 {
+		return nil, fmt.Errorf("%w: negative retention", ErrInvalidConfig)
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	t := c.Topic(id)
+	maxBytes := cfg.MaxBytes
+	if maxBytes == 0 {
+		maxBytes = -1
+	}
+	_, err := c.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:        t.stream,
+		Description: t.String(),
+		Subjects:    []string{keyrouter.TopicSubjects(c.project, id)},
+		// Limits, never Interest or WorkQueue: per-key consumers are created
+		// after their messages arrive, and their filters overlap the
+		// subscription's other consumers.
+		Retention:    jetstream.LimitsPolicy,
+		Storage:      jetstream.FileStorage,
+		Replicas:     c.cfg.replicas,
+		MaxAge:       cfg.RetentionDuration,
+		MaxBytes:     maxBytes,
+		MaxConsumers: -1,
+		Discard:      jetstream.DiscardOld,
+		Duplicates:   2 * time.Minute,
+		AllowDirect:  true,
+		Metadata:     map[string]string{metaProject: c.project, metaTopic: id},
+	})
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
+		return nil, fmt.Errorf("%w: %s", ErrTopicExists, t)
+	case err != nil:
+		return nil, fmt.Errorf("create topic %s: %w", t, err)
+	}
+	return t, nil
+}
+
+// Exists reports whether the topic exists.
+func (t *Topic) Exists(ctx context.Context) (bool, error) {
+	_, err := t.info(ctx)
+	if errors.Is(err, ErrTopicNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Config returns the topic's configuration, or ErrTopicNotFound.
+func (t *Topic) Config(ctx context.Context) (TopicConfig, error) {
+	info, err := t.info(ctx)
+	if err != nil {
+		return TopicConfig{}, err
+	}
+	cfg := TopicConfig{RetentionDuration: info.Config.MaxAge}
+	if info.Config.MaxBytes > 0 {
+		cfg.MaxBytes = info.Config.MaxBytes
+	}
+	return cfg, nil
+}
+
+func (t *Topic) info(ctx context.Context) (*jetstream.StreamInfo, error) {
+	if err := t.c.checkOpen(); err != nil {
+		return nil, err
+	}
+	if err := keyrouter.ValidateProjectID(t.project); err != nil {
+		return nil, err
+	}
+	if err := keyrouter.ValidateTopicID(t.id); err != nil {
+		return nil, err
+	}
+	ctx, cancel := t.c.withTimeout(ctx)
+	defer cancel()
+	s, err := t.c.js.Stream(ctx, t.stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("%w: %s", ErrTopicNotFound, t)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("topic %s: %w", t, err)
+	}
+	return s.CachedInfo(), nil
+}
+
+// Delete deletes the topic and every message in it. Subscriptions attached
+// to it stay, detached: Receive on them returns ErrTopicDeleted.
+func (t *Topic) Delete(ctx context.Context) error {
+	if err := t.c.checkOpen(); err != nil {
+		return err
+	}
+	if err := keyrouter.ValidateTopicID(t.id); err != nil {
+		return err
+	}
+	ctx, cancel := t.c.withTimeout(ctx)
+	defer cancel()
+	err := t.c.js.DeleteStream(ctx, t.stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("%w: %s", ErrTopicNotFound, t)
+	}
+	if err != nil {
+		return fmt.Errorf("delete topic %s: %w", t, err)
+	}
+	return nil
+}
+
+// Topics lists the project's topics, sorted by id.
+func (c *Client) Topics(ctx context.Context) ([]*Topic, error) {
+	if err := c.checkOpen(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	lister := c.js.ListStreams(ctx, jetstream.WithStreamListSubject(keyrouter.ProjectSubjects(c.project)))
+	var out []*Topic
+	for info := range lister.Info() {
+		if info.Config.Metadata[metaProject] != c.project {
+			continue
+		}
+		out = append(out, c.Topic(info.Config.Metadata[metaTopic]))
+	}
+	if err := lister.Err(); err != nil {
+		return nil, fmt.Errorf("list topics: %w", err)
+	}
+	sortByID(out, func(t *Topic) string { return t.id })
+	return out, nil
+}
+
+// PublishResult is the outcome of a Publish. Get blocks until it is known.
+type PublishResult struct {
+	done chan struct{}
+	id   string
+	err  error
+}
+
+// Ready is closed when the result is known.
+func (r *PublishResult) Ready() <-chan struct{} { return r.done }
+
+// Get waits for the publish to finish and returns the message id, or the
+// error; it returns ctx.Err() if ctx ends first.
+func (r *PublishResult) Get(ctx context.Context) (string, error) {
+	select {
+	case <-r.done:
+		return r.id, r.err
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+func resolved(id string, err error) *PublishResult {
+	r := &PublishResult{done: make(chan struct{}), id: id, err: err}
+	close(r.done)
+	return r
+}
+
+// Publish stores msg in the topic and returns its result. Messages with the
+// same OrderingKey are stored in the order their Publish calls return. An
+// empty OrderingKey publishes without a key. Publish does not modify msg.
+func (t *Topic) Publish(ctx context.Context, msg *Message) *PublishResult {
+	if err := t.c.checkOpen(); err != nil {
+		return resolved("", err)
+	}
+	m, id, err := t.encode(msg)
+	if err != nil {
+		return resolved("", err)
+	}
+	ctx, cancel := t.c.withTimeout(ctx)
+	defer cancel()
+	_, err = t.c.js.PublishMsg(ctx, m, jetstream.WithMsgID(id), jetstream.WithExpectStream(t.stream))
+	if err != nil {
+		return resolved("", t.publishError(err))
+	}
+	return resolved(id, nil)
+}
+
+func (t *Topic) publishError(err error) error {
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("publish to %s: %w", t, ErrTopicNotFound)
+	}
+	return fmt.Errorf("publish to %s: %w", t, err)
+}
+
+// encode validates msg and turns it into a NATS message on the right subject.
+func (t *Topic) encode(msg *Message) (*nats.Msg, string, error) {
+	if msg == nil {
+		return nil, "", fmt.Errorf("%w: nil message", ErrInvalidMessage)
+	}
+	if err := keyrouter.ValidateTopicID(t.id); err != nil {
+		return nil, "", err
+	}
+	subject := keyrouter.UnkeyedSubject(t.project, t.id)
+	if msg.OrderingKey != "" {
+		if err := keyrouter.ValidateOrderingKey(msg.OrderingKey); err != nil {
+			return nil, "", err
+		}
+		subject = keyrouter.KeyedSubject(t.project, t.id, msg.OrderingKey)
+	}
+	if err := validateAttributes(msg.Attributes); err != nil {
+		return nil, "", err
+	}
+	if max := t.c.nc.MaxPayload(); max > 0 && int64(len(msg.Data)) > max-16*1024 {
+		return nil, "", fmt.Errorf("%w: data of %d bytes exceeds the server's limit of %d", ErrInvalidMessage, len(msg.Data), max-16*1024)
+	}
+	id := uuid.NewString()
+	m := nats.NewMsg(subject)
+	m.Data = msg.Data
+	writeHeaders(m.Header, msg)
+	return m, id, nil
+}

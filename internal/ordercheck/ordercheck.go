@@ -1,0 +1,232 @@
+// Package ordercheck checks every delivery of an ordered subscription
+// against the ordering guarantees:
+//
+//   - per (subscription, key), every delivery is of the first message not
+//     yet acked: first deliveries come in publish order, a nacked or expired
+//     message comes again before anything newer, and nothing acked comes
+//     back;
+//   - per (subscription, key), no delivery while an earlier delivery is
+//     still in a handler (unacked and not handed back);
+//   - nothing lost: every published message is eventually acked on every
+//     subscription.
+//
+// Messages are identified by (key, index): the publisher numbers each key's
+// messages 0, 1, 2, ... in publish order and the checker learns each
+// message's position from the message itself, so deliveries that overtake
+// the publisher's bookkeeping are still checked. Unkeyed messages use key ""
+// and are only checked for loss and duplicates in handlers.
+//
+// A Checker is safe for concurrent use.
+package ordercheck
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Checker records deliveries and reports violations.
+type Checker struct {
+	mu         sync.Mutex
+	expected   map[string]int // key -> messages published
+	subs       map[string]*subState
+	violations []string
+	maxViol    int
+}
+
+type subState struct {
+	keys    map[string]*keyState
+	unkeyed map[int]bool // index -> acked
+	inUnkey map[int]bool // index -> in a handler
+	stats   Stats
+}
+
+type keyState struct {
+	firstUnacked int
+	attempts     int // deliveries of firstUnacked so far
+	inFlight     int // index in a handler, -1 if none
+}
+
+// Stats counts what a subscription saw.
+type Stats struct {
+	Deliveries   int
+	Redeliveries int
+	Acks         int
+}
+
+// New returns an empty checker.
+func New() *Checker {
+	return &Checker{expected: map[string]int{}, subs: map[string]*subState{}, maxViol: 50}
+}
+
+// Encode is the payload format the checker reads back: "<key>|<index>".
+func Encode(key string, index int) []byte { return []byte(key + "|" + strconv.Itoa(index)) }
+
+// Decode parses a payload written by Encode.
+func Decode(data []byte) (key string, index int, err error) {
+	s := string(data)
+	i := strings.LastIndexByte(s, '|')
+	if i < 0 {
+		return "", 0, fmt.Errorf("ordercheck: payload %q has no index", s)
+	}
+	index, err = strconv.Atoi(s[i+1:])
+	return s[:i], index, err
+}
+
+// Published records that key's message number index was published; call it
+// with increasing indexes per key (any order across keys).
+func (c *Checker) Published(key string, index int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if index+1 > c.expected[key] {
+		c.expected[key] = index + 1
+	}
+}
+
+func (c *Checker) sub(name string) *subState {
+	s := c.subs[name]
+	if s == nil {
+		s = &subState{keys: map[string]*keyState{}, unkeyed: map[int]bool{}, inUnkey: map[int]bool{}}
+		c.subs[name] = s
+	}
+	return s
+}
+
+func (c *Checker) violate(format string, args ...any) {
+	if len(c.violations) < c.maxViol {
+		c.violations = append(c.violations, fmt.Sprintf(format, args...))
+	}
+}
+
+// Delivered records that a handler of sub received key's message index.
+func (c *Checker) Delivered(sub, key string, index int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sub(sub)
+	s.stats.Deliveries++
+	if key == "" {
+		if _, seen := s.unkeyed[index]; seen {
+			s.stats.Redeliveries++
+		}
+		if s.inUnkey[index] {
+			c.violate("%s: unkeyed message %d delivered while already in a handler", sub, index)
+		}
+		if !s.unkeyed[index] {
+			s.unkeyed[index] = false
+		}
+		s.inUnkey[index] = true
+		return
+	}
+	k := s.keys[key]
+	if k == nil {
+		k = &keyState{inFlight: -1}
+		s.keys[key] = k
+	}
+	if k.inFlight >= 0 {
+		c.violate("%s: key %q message %d delivered while message %d is unacked in a handler", sub, key, index, k.inFlight)
+	}
+	switch {
+	case index < k.firstUnacked:
+		c.violate("%s: key %q message %d delivered again after it was acked (first unacked is %d)", sub, key, index, k.firstUnacked)
+	case index > k.firstUnacked:
+		c.violate("%s: key %q message %d delivered before message %d was acked", sub, key, index, k.firstUnacked)
+	}
+	if index == k.firstUnacked {
+		if k.attempts > 0 {
+			s.stats.Redeliveries++
+		}
+		k.attempts++
+	}
+	k.inFlight = index
+}
+
+// Acked records that sub's handler acked key's message index.
+func (c *Checker) Acked(sub, key string, index int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sub(sub)
+	s.stats.Acks++
+	if key == "" {
+		s.unkeyed[index] = true
+		delete(s.inUnkey, index)
+		return
+	}
+	k := s.keys[key]
+	if k == nil || k.inFlight != index {
+		c.violate("%s: key %q message %d acked but not in a handler", sub, key, index)
+		return
+	}
+	k.inFlight = -1
+	if index == k.firstUnacked {
+		k.firstUnacked++
+		k.attempts = 0
+	}
+}
+
+// Released records that sub's handler gave key's message index back without
+// acking it (a nack, or returning and letting the deadline pass).
+func (c *Checker) Released(sub, key string, index int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sub(sub)
+	if key == "" {
+		delete(s.inUnkey, index)
+		return
+	}
+	if k := s.keys[key]; k != nil && k.inFlight == index {
+		k.inFlight = -1
+	}
+}
+
+// Violations returns what went wrong so far (at most 50).
+func (c *Checker) Violations() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.violations...)
+}
+
+// Complete reports whether sub has acked every published message.
+func (c *Checker) Complete(sub string) bool { return c.Missing(sub) == "" }
+
+// Missing describes what sub has not acked yet ("" when complete).
+func (c *Checker) Missing(sub string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sub(sub)
+	var missing []string
+	for key, n := range c.expected {
+		if key == "" {
+			acked := 0
+			for _, a := range s.unkeyed {
+				if a {
+					acked++
+				}
+			}
+			if acked < n {
+				missing = append(missing, fmt.Sprintf("unkeyed: %d of %d acked", acked, n))
+			}
+			continue
+		}
+		got := 0
+		if k := s.keys[key]; k != nil {
+			got = k.firstUnacked
+		}
+		if got < n {
+			missing = append(missing, fmt.Sprintf("key %q: %d of %d acked", key, got, n))
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 5 {
+		missing = append(missing[:5], fmt.Sprintf("... and %d more", len(missing)-5))
+	}
+	return strings.Join(missing, "; ")
+}
+
+// Stats returns sub's counts.
+func (c *Checker) Stats(sub string) Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sub(sub).stats
+}
