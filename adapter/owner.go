@@ -293,6 +293,7 @@ func (o *owner) createKeyConsumer(ctx context.Context, name, subject string, sta
 	if err != nil {
 		return fmt.Errorf("create consumer %s: %w", name, err)
 	}
+	o.c.cfg.logger.Debug("created key consumer", "subscription", o.rec.ID, "consumer", name, "start", start)
 	return nil
 }
 
@@ -377,6 +378,7 @@ func (o *owner) retire(ctx context.Context, name string, floor uint64) (retireOu
 		resume()
 		return keyBusy, err
 	}
+	o.c.cfg.logger.Debug("retired idle key consumer", "subscription", o.rec.ID, "consumer", name, "last", last)
 	return keyGone, nil
 }
 
@@ -385,7 +387,7 @@ func busy(info *jetstream.ConsumerInfo) bool {
 }
 
 func (o *owner) consumerInfo(ctx context.Context, name string) (*jetstream.ConsumerInfo, error) {
-	c, err := o.stream.Consumer(ctx, name)
+	c, err := o.stream.PushConsumer(ctx, name)
 	if err != nil {
 		return nil, err
 	}

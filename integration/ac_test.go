@@ -18,7 +18,8 @@ import (
 // The acceptance criteria AC-001..AC-010 of the message ordering
 // specification, against the library on an embedded nats-server.
 
-func TestAC001CreateTopicAndPublishWithOrderingKey(t *testing.T) {
+// TestAC001 — AC-001: create a topic and publish with an ordering key.
+func TestAC001(t *testing.T) {
 	e := newEnv(t)
 	topic := e.createTopic("ordered-events")
 	id := publish(t, topic, "event-1", "user-123")
@@ -40,7 +41,8 @@ func TestAC001CreateTopicAndPublishWithOrderingKey(t *testing.T) {
 	}
 }
 
-func TestAC002SameKeyDeliveredInOrder(t *testing.T) {
+// TestAC002 — AC-002: messages with the same key are delivered in order.
+func TestAC002(t *testing.T) {
 	e := newEnv(t)
 	topic := e.createTopic("ordered-events")
 	sub := e.createSub("ordered-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
@@ -75,7 +77,8 @@ func (c *concurrency) enter() {
 
 func (c *concurrency) leave() { c.cur.Add(-1) }
 
-func TestAC003SequentialProcessingPerKey(t *testing.T) {
+// TestAC003 — AC-003: one handler at a time per key.
+func TestAC003(t *testing.T) {
 	e := newEnv(t)
 	topic := e.createTopic("ordered-events")
 	sub := e.createSub("ordered-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
@@ -103,7 +106,8 @@ func TestAC003SequentialProcessingPerKey(t *testing.T) {
 	}
 }
 
-func TestAC004DifferentKeysConcurrent(t *testing.T) {
+// TestAC004 — AC-004: different keys are handled concurrently.
+func TestAC004(t *testing.T) {
 	e := newEnv(t)
 	topic := e.createTopic("ordered-events")
 	sub := e.createSub("ordered-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
@@ -135,7 +139,8 @@ func TestAC004DifferentKeysConcurrent(t *testing.T) {
 	}
 }
 
-func TestAC005OrderingPreservedOnRedelivery(t *testing.T) {
+// TestAC005 — AC-005: a message whose deadline passes is redelivered before the next one of its key.
+func TestAC005(t *testing.T) {
 	e := newEnv(t)
 	topic := e.createTopic("ordered-events")
 	sub := e.createSub("ordered-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: time.Second})
@@ -169,7 +174,8 @@ func TestAC005OrderingPreservedOnRedelivery(t *testing.T) {
 	}
 }
 
-func TestAC006NoOrderingKeyNotBlocked(t *testing.T) {
+// TestAC006 — AC-006: unkeyed messages are not held back by a blocked key.
+func TestAC006(t *testing.T) {
 	e := newEnv(t)
 	topic := e.createTopic("ordered-events")
 	sub := e.createSub("ordered-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
@@ -190,7 +196,8 @@ func TestAC006NoOrderingKeyNotBlocked(t *testing.T) {
 	}
 }
 
-func TestAC007MultipleSubscriptionsOrderedIndependently(t *testing.T) {
+// TestAC007 — AC-007: each subscription gets its own ordered copy.
+func TestAC007(t *testing.T) {
 	e := newEnv(t)
 	topic := e.createTopic("ordered-events")
 	sub1 := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
@@ -207,7 +214,8 @@ func TestAC007MultipleSubscriptionsOrderedIndependently(t *testing.T) {
 	}
 }
 
-func TestAC008OrderingKeyValidation(t *testing.T) {
+// TestAC008 — AC-008: invalid ordering keys are rejected with the specification's texts.
+func TestAC008(t *testing.T) {
 	e := newEnv(t)
 	topic := e.createTopic("ordered-events")
 	ctx := context.Background()
@@ -239,7 +247,8 @@ func TestAC008OrderingKeyValidation(t *testing.T) {
 	publish(t, topic, "test", strings.Repeat("x", 1024))
 }
 
-func TestAC009OrderingKeyAcceptedWithoutExplicitEnable(t *testing.T) {
+// TestAC009 — AC-009: ordering keys need no opt-in on the topic.
+func TestAC009(t *testing.T) {
 	e := newEnv(t)
 	topic := e.createTopic("ordered-events")
 	if id := publish(t, topic, "test", "user-123"); id == "" {
@@ -247,7 +256,8 @@ func TestAC009OrderingKeyAcceptedWithoutExplicitEnable(t *testing.T) {
 	}
 }
 
-func TestAC010BatchingWithOrderingKeys(t *testing.T) {
+// TestAC010 — AC-010: many concurrent publishes over several keys all succeed with distinct ids.
+func TestAC010(t *testing.T) {
 	e := newEnv(t)
 	topic := e.createTopic("ordered-events")
 	ctx := context.Background()

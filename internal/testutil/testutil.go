@@ -3,6 +3,7 @@
 package testutil
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
@@ -42,12 +43,19 @@ func Connect(t testing.TB, url string) *nats.Conn {
 }
 
 // Eventually polls cond every 10ms until it is true or timeout passes, and
-// fails the test with msg if it never is. Call it on the test goroutine.
+// fails the test with msg if it never is. An argument that is a function of
+// no arguments and one result is called when the message is written, so it
+// shows the state at the failure. Call Eventually on the test goroutine.
 func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
+			for i, a := range args {
+				if v := reflect.ValueOf(a); v.Kind() == reflect.Func && v.Type().NumIn() == 0 && v.Type().NumOut() == 1 {
+					args[i] = v.Call(nil)[0].Interface()
+				}
+			}
 			t.Fatalf("after %v: "+msg, append([]any{timeout}, args...)...)
 		}
 		time.Sleep(10 * time.Millisecond)
