@@ -15,8 +15,9 @@ import (
 
 // Metadata keys the adapter writes on the streams it creates.
 const (
-	metaProject = "jetorder.project"
-	metaTopic   = "jetorder.topic"
+	metaProject  = "jetorder.project"
+	metaTopic    = "jetorder.topic"
+	metaCreation = "jetorder.creation"
 )
 
 // TopicConfig is a topic's configuration.
@@ -99,7 +100,10 @@ func (c *Client) CreateTopicWithConfig(ctx context.Context, id string, cfg *Topi
 		Discard:      jetstream.DiscardOld,
 		Duplicates:   2 * time.Minute,
 		AllowDirect:  true,
-		Metadata:     map[string]string{metaProject: c.project, metaTopic: id},
+		// A unique creation id makes the config differ from any existing
+		// stream's, so JetStream refuses a second create instead of treating
+		// it as an idempotent repeat.
+		Metadata: map[string]string{metaProject: c.project, metaTopic: id, metaCreation: uuid.NewString()},
 	})
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):

@@ -1,0 +1,211 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/testutil"
+)
+
+// Two clients receive one subscription; the one that owns key discovery
+// stops half-way and the other takes over. The checker sees every delivery.
+func TestTwoReceiversOwnerHandOver(t *testing.T) {
+	opts := []adapter.Option{adapter.WithIdleTimeout(300 * time.Millisecond), adapter.WithOwnerLease(2 * time.Second)}
+	e := newEnv(t, opts...)
+	topic := e.createTopic("handover")
+	e.createSub("shared", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: time.Second})
+	c := ordercheck.New()
+	ch := chaos{nackPct: 5}
+	_, c1 := e.connect(opts...)
+	_, c2 := e.connect(opts...)
+	first := startReceive(t, c1.Subscription("shared"), checkedHandler(t, c, "shared", ch))
+	startReceive(t, c2.Subscription("shared"), checkedHandler(t, c, "shared", ch))
+
+	publishChecked(t, topic, c, 20, 20, 1, 0)
+	testutil.Eventually(t, 30*time.Second, func() bool { return c.Complete("shared") }, "first half: %s", func() string { return c.Missing("shared") })
+	if err := first.stop(); err != nil {
+		t.Fatalf("Receive returned %v on cancel, want nil", err)
+	}
+	// New keys after the hand-over need discovery by the remaining client.
+	for k := range 20 {
+		key := fmt.Sprintf("later-%d", k)
+		for i := range 5 {
+			publish(t, topic, string(ordercheck.Encode(key, i)), key)
+			c.Published(key, i)
+		}
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool { return c.Complete("shared") }, "after hand-over: %s", func() string { return c.Missing("shared") })
+	if v := c.Violations(); len(v) > 0 {
+		t.Fatalf("ordering violations: %s", strings.Join(v, "\n"))
+	}
+}
+
+func TestNackRedeliversBeforeNewer(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("nacks")
+	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	var got recorder
+	seen := map[string]bool{} // only touched by one handler at a time: one key
+	startReceive(t, sub, func(_ context.Context, m *adapter.Message) {
+		s := string(m.Data)
+		got.add(fmt.Sprintf("%s#%d", s, m.DeliveryAttempt))
+		if !seen[s] {
+			seen[s] = true
+			m.Nack()
+			return
+		}
+		m.Ack()
+	})
+	for i := range 4 {
+		publish(t, topic, fmt.Sprint(i), "k")
+	}
+	want := []string{"0#1", "0#2", "1#1", "1#2", "2#1", "2#2", "3#1", "3#2"}
+	testutil.Eventually(t, 10*time.Second, func() bool { return got.count() >= len(want) }, "got %v", got.snapshot)
+	if !slices.Equal(got.snapshot(), want) {
+		t.Fatalf("deliveries %v, want %v", got.snapshot(), want)
+	}
+}
+
+func TestFlowControlBoundsOutstandingMessages(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("flow")
+	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	sub.ReceiveSettings.MaxOutstandingMessages = 3
+	var conc concurrency
+	var done atomic.Int32
+	startReceive(t, sub, func(_ context.Context, m *adapter.Message) {
+		conc.enter()
+		time.Sleep(20 * time.Millisecond) // the handler's own work
+		conc.leave()
+		done.Add(1)
+		m.Ack()
+	})
+	for k := range 10 {
+		for i := range 3 {
+			publish(t, topic, fmt.Sprint(i), fmt.Sprint("key-", k))
+		}
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool { return done.Load() == 30 }, "%d of 30 handled", done.Load)
+	if m := conc.max.Load(); m > 3 || m < 2 {
+		t.Fatalf("max handlers at once = %d, want 2..3 (MaxOutstandingMessages 3)", m)
+	}
+}
+
+func TestHandlerPanicNacksAndEndsReceive(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("panics")
+	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	publish(t, topic, "boom", "k")
+	publish(t, topic, "after", "k")
+	r := startReceive(t, sub, func(_ context.Context, m *adapter.Message) {
+		if string(m.Data) == "boom" {
+			panic("handler failure")
+		}
+		m.Ack()
+	})
+	err, ended := r.wait(10 * time.Second)
+	if !ended || !errors.Is(err, adapter.ErrHandlerPanic) || !strings.Contains(err.Error(), "handler failure") {
+		t.Fatalf("Receive ended=%v with %v, want ErrHandlerPanic", ended, err)
+	}
+	var got recorder
+	startReceive(t, sub, func(_ context.Context, m *adapter.Message) { got.add(string(m.Data)); m.Ack() })
+	testutil.Eventually(t, 10*time.Second, func() bool { return got.count() >= 2 }, "got %v", got.snapshot)
+	if want := []string{"boom", "after"}; !slices.Equal(got.snapshot(), want) {
+		t.Fatalf("after the panic got %v, want %v", got.snapshot(), want)
+	}
+}
+
+func TestDeleteTopicWhileReceiving(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("doomed")
+	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	var got recorder
+	r := startReceive(t, sub, func(_ context.Context, m *adapter.Message) { got.add(string(m.Data)); m.Ack() })
+	publish(t, topic, "one", "k")
+	testutil.Eventually(t, 10*time.Second, func() bool { return got.count() == 1 }, "got %v", got.snapshot)
+	if err := topic.Delete(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	err, ended := r.wait(10 * time.Second)
+	if !ended || !errors.Is(err, adapter.ErrTopicDeleted) {
+		t.Fatalf("Receive ended=%v with %v, want ErrTopicDeleted", ended, err)
+	}
+	// A new topic of the same name does not revive the old subscription.
+	e.createTopic("doomed")
+	if err := sub.Receive(context.Background(), func(context.Context, *adapter.Message) {}); !errors.Is(err, adapter.ErrTopicDeleted) {
+		t.Fatalf("Receive on a detached subscription = %v, want ErrTopicDeleted", err)
+	}
+}
+
+func TestDeleteSubscriptionWhileReceiving(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("topic-1")
+	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	r := startReceive(t, sub, func(_ context.Context, m *adapter.Message) { m.Ack() })
+	publish(t, topic, "x", "k")
+	if err := sub.Delete(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	err, ended := r.wait(10 * time.Second)
+	if !ended || !errors.Is(err, adapter.ErrSubscriptionNotFound) {
+		t.Fatalf("Receive ended=%v with %v, want ErrSubscriptionNotFound", ended, err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return keyConsumers(t, e, "topic-1", "sub-1") == 0 }, "consumers left behind")
+}
+
+func TestUnorderedSubscriptionDeliversEverything(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("plain")
+	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic})
+	c := ordercheck.New()
+	var n atomic.Int32
+	startReceive(t, sub, func(_ context.Context, m *adapter.Message) {
+		n.Add(1)
+		m.Ack()
+	})
+	publishChecked(t, topic, c, 5, 20, 1, 0)
+	testutil.Eventually(t, 10*time.Second, func() bool { return n.Load() == 6*20 }, "%d of 120 delivered", n.Load)
+}
+
+func TestMessageFieldsRoundTrip(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("fields")
+	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	attrs := map[string]string{"plain": "v", "with space": "ünïcode: value\r\nnext", "a.b*c>": "%41"}
+	key := "tenant/42 é.*>"
+	before := time.Now().Add(-time.Second)
+	id, err := topic.Publish(context.Background(), &adapter.Message{Data: []byte{0, 1, 2}, Attributes: attrs, OrderingKey: key}).Get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *adapter.Message, 1)
+	startReceive(t, sub, func(_ context.Context, m *adapter.Message) { m.Ack(); got <- m })
+	var m *adapter.Message
+	select {
+	case m = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery")
+	}
+	if m.ID != id || m.OrderingKey != key || !slices.Equal(m.Data, []byte{0, 1, 2}) || m.DeliveryAttempt != 1 {
+		t.Fatalf("delivered id %q key %q data %v attempt %d", m.ID, m.OrderingKey, m.Data, m.DeliveryAttempt)
+	}
+	if m.PublishTime.Before(before) || m.PublishTime.After(time.Now()) {
+		t.Fatalf("publish time %v", m.PublishTime)
+	}
+	if len(m.Attributes) != len(attrs) {
+		t.Fatalf("attributes %v, want %v", m.Attributes, attrs)
+	}
+	for k, v := range attrs {
+		if m.Attributes[k] != v {
+			t.Fatalf("attribute %q = %q, want %q", k, m.Attributes[k], v)
+		}
+	}
+}
