@@ -273,6 +273,18 @@ func (r *receiver) onMsg(m *nats.Msg) {
 		return
 	}
 	r.held[k] = d
+	if len(r.queue) == 0 {
+		// Fast path: a free handler slot and nobody waiting ahead; start
+		// the handler here rather than through the dispatcher.
+		select {
+		case r.slots <- struct{}{}:
+			r.workers.Add(1)
+			r.mu.Unlock()
+			go r.handle(d)
+			return
+		default:
+		}
+	}
 	r.queue = append(r.queue, d)
 	r.mu.Unlock()
 	select {

@@ -1,0 +1,25 @@
+# jetorder: ordering keys on NATS JetStream.
+GO ?= go
+
+.PHONY: run test bench fuzz build
+
+## run: start the sidecar with its embedded NATS server (data in ./data)
+run:
+	$(GO) run ./cmd/sidecar --data-dir ./data --nats-listen 127.0.0.1:4222
+
+## test: vet and run every test with the race detector
+test:
+	$(GO) vet ./...
+	$(GO) test -race -timeout 20m ./...
+
+## bench: throughput, latency and memory against raw JetStream baselines
+bench:
+	$(GO) run ./bench
+
+## fuzz: run each fuzz target for a while (FUZZTIME=30s by default)
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test ./keyrouter -run '^$$' -fuzz FuzzKeyToken -fuzztime $(FUZZTIME)
+
+build:
+	$(GO) build ./...

@@ -1,0 +1,376 @@
+// Command bench measures ordered delivery through the adapter against raw
+// JetStream on the same embedded server, in one run:
+//
+//   - baselines: one pull consumer consuming and acking with MaxAckPending
+//     1000, and one with MaxAckPending 1;
+//   - the adapter at 1, 16, 256 and 4,096 keys (messages/s and the ratio to
+//     each baseline), consumers alive after the keys go idle;
+//   - publish-to-handler latency, adapter and raw, at a steady rate;
+//   - process RSS (the embedded server runs in this process too).
+//
+// Every run publishes its messages first and then times consumption only,
+// so the figures compare delivery, not publishing.
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/embedded"
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+var (
+	payloadSize = flag.Int("size", 128, "payload bytes")
+	scale       = flag.Float64("scale", 1, "multiply every message count by this")
+	idleTimeout = flag.Duration("idle", 2*time.Second, "key idle timeout before consumer clean-up")
+	cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the adapter runs to this file")
+	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
+)
+
+const project = "bench"
+
+func main() {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "jetorder-bench-")
+	check(err)
+	defer os.RemoveAll(dir)
+	srv, err := embedded.Start(embedded.Config{StoreDir: dir})
+	check(err)
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	check(err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	check(err)
+	client, err := adapter.NewClient(nc, project, adapter.WithIdleTimeout(*idleTimeout))
+	check(err)
+	b := &bench{nc: nc, js: js, client: client}
+
+	fmt.Printf("jetorder bench: %s, GOMAXPROCS=%d, payload %d B, file storage, one process (server embedded)\n\n",
+		runtime.Version(), runtime.GOMAXPROCS(0), *payloadSize)
+
+	rawMany := b.raw("raw-map1000", n(100_000), 1000)
+	rawOne := b.raw("raw-map1", n(50_000), 1)
+	fmt.Printf("%-34s %10s %12s %12s\n", "run", "msgs/s", "vs raw1000", "vs raw-map1")
+	fmt.Printf("%-34s %10.0f %12s %12s\n", "raw JetStream, MaxAckPending 1000", rawMany, "1.00x", "")
+	fmt.Printf("%-34s %10.0f %12s %12s\n", "raw JetStream, MaxAckPending 1", rawOne, "", "1.00x")
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		check(err)
+		check(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
+	for _, field := range strings.Split(*keyCounts, ",") {
+		keys, err := strconv.Atoi(strings.TrimSpace(field))
+		check(err)
+		run := struct{ keys, msgs int }{keys, n(100_000)}
+		switch {
+		case keys <= 16:
+			run.msgs = n(50_000)
+		}
+		r := b.ordered(run.keys, run.msgs)
+		fmt.Printf("%-34s %10.0f %11.2fx %11.2fx   first delivery after %v; consumers: %d at end, %d after %v idle; %s\n",
+			fmt.Sprintf("adapter, %d keys, %d msgs", run.keys, run.msgs), r.rate, r.rate/rawMany, r.rate/rawOne,
+			r.startup.Round(time.Millisecond), r.consumersAtEnd, r.consumersAfterIdle, r.idleWait.Round(100*time.Millisecond), rss())
+	}
+	fmt.Println()
+	rawLat := b.rawLatency(2000, 3*time.Second)
+	adLat := b.orderedLatency(16, 2000, 3*time.Second)
+	fmt.Printf("latency publish->handler at 2000 msg/s: raw p50 %v p99 %v; adapter (16 keys) p50 %v p99 %v\n",
+		rawLat.p50, rawLat.p99, adLat.p50, adLat.p99)
+	fmt.Printf("process RSS at end: %s\n", rss())
+}
+
+func n(base int) int { return max(1, int(float64(base)**scale)) }
+
+type bench struct {
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	client *adapter.Client
+	seq    int
+}
+
+func (b *bench) name(prefix string) string {
+	b.seq++
+	return fmt.Sprintf("%s-%d", prefix, b.seq)
+}
+
+// fill publishes msgs messages round-robin over keys (keys 0: unkeyed)
+// with async publish and waits for every ack.
+func (b *bench) fill(subject func(i int) string, hdr func(i int) nats.Header, msgs int) {
+	payload := make([]byte, *payloadSize)
+	for i := 0; i < msgs; i++ {
+		m := &nats.Msg{Subject: subject(i), Data: payload, Header: hdr(i)}
+		if _, err := b.js.PublishMsgAsync(m); err != nil {
+			check(err)
+		}
+		if i%5000 == 4999 {
+			<-b.js.PublishAsyncComplete()
+		}
+	}
+	<-b.js.PublishAsyncComplete()
+}
+
+// raw times one pull consumer consuming and acking msgs messages.
+func (b *bench) raw(stream string, msgs, maxAckPending int) float64 {
+	ctx := context.Background()
+	subj := stream + ".x"
+	s, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subj}, Storage: jetstream.FileStorage})
+	check(err)
+	defer b.js.DeleteStream(ctx, stream)
+	b.fill(func(int) string { return subj }, func(int) nats.Header { return nil }, msgs)
+	cons, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: maxAckPending})
+	check(err)
+	var got atomic.Int64
+	done := make(chan struct{})
+	start := time.Now()
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		_ = m.Ack()
+		if got.Add(1) == int64(msgs) {
+			close(done)
+		}
+	})
+	check(err)
+	<-done
+	el := time.Since(start)
+	cc.Stop()
+	return float64(msgs) / el.Seconds()
+}
+
+type orderedResult struct {
+	rate                               float64
+	startup                            time.Duration
+	consumersAtEnd, consumersAfterIdle int
+	idleWait                           time.Duration
+}
+
+// ordered times the adapter delivering msgs messages over keys keys to an
+// ordered subscription, then waits for the key consumers to be retired.
+func (b *bench) ordered(keys, msgs int) orderedResult {
+	ctx := context.Background()
+	topicID := b.name("ordered")
+	topic, err := b.client.CreateTopic(ctx, topicID)
+	check(err)
+	defer topic.Delete(ctx)
+	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	check(err)
+	defer sub.Delete(ctx)
+	keyNames := make([]string, keys)
+	subjects := make([]string, keys)
+	for k := range keys {
+		keyNames[k] = "key-" + strconv.Itoa(k)
+		subjects[k] = keyrouter.KeyedSubject(project, topicID, keyNames[k])
+	}
+	b.fill(func(i int) string { return subjects[i%keys] },
+		func(i int) nats.Header { return nats.Header{"Jetorder-Ordering-Key": {keyNames[i%keys]}} }, msgs)
+
+	var got atomic.Int64
+	var first atomic.Int64
+	done := make(chan struct{})
+	rctx, cancel := context.WithCancel(ctx)
+	recvDone := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		recvDone <- sub.Receive(rctx, func(_ context.Context, m *adapter.Message) {
+			first.CompareAndSwap(0, time.Now().UnixNano())
+			m.Ack()
+			if got.Add(1) == int64(msgs) {
+				close(done)
+			}
+		})
+	}()
+	<-done
+	end := time.Now()
+	firstAt := time.Unix(0, first.Load())
+	// Throughput is timed from the first delivery, like the raw baselines
+	// (whose consumer exists before their clock starts); the start-up
+	// (registry read, ownership, discovery, first consumer) is reported apart.
+	res := orderedResult{
+		rate:           float64(msgs-1) / end.Sub(firstAt).Seconds(),
+		startup:        firstAt.Sub(start),
+		consumersAtEnd: b.keyConsumers(topicID, sub.ID()),
+	}
+	idleStart := time.Now()
+	for time.Since(idleStart) < 2*time.Minute {
+		if res.consumersAfterIdle = b.keyConsumers(topicID, sub.ID()); res.consumersAfterIdle == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	res.idleWait = time.Since(idleStart)
+	cancel()
+	check(<-recvDone)
+	return res
+}
+
+func (b *bench) keyConsumers(topicID, subID string) int {
+	s, err := b.js.Stream(context.Background(), keyrouter.StreamName(project, topicID))
+	check(err)
+	count := 0
+	names := s.ConsumerNames(context.Background())
+	for name := range names.Name() {
+		if strings.HasPrefix(name, keyrouter.KeyConsumerPrefix(project, subID)) {
+			count++
+		}
+	}
+	return count
+}
+
+type latency struct{ p50, p99 time.Duration }
+
+func summarize(d []time.Duration) latency {
+	if len(d) == 0 {
+		return latency{}
+	}
+	slices.Sort(d)
+	return latency{p50: d[len(d)/2].Round(time.Microsecond), p99: d[len(d)*99/100].Round(time.Microsecond)}
+}
+
+// pace publishes stamped messages at rate per second for dur.
+func pace(rate int, dur time.Duration, publish func(i int, stamp []byte)) int {
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	i := 0
+	for time.Since(start) < dur {
+		next := start.Add(time.Duration(i) * interval)
+		if d := time.Until(next); d > 0 {
+			time.Sleep(d)
+		}
+		stamp := make([]byte, 8)
+		binary.BigEndian.PutUint64(stamp, uint64(time.Now().UnixNano()))
+		publish(i, stamp)
+		i++
+	}
+	return i
+}
+
+type collector struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (c *collector) add(stamp []byte) {
+	if len(stamp) < 8 {
+		return
+	}
+	d := time.Since(time.Unix(0, int64(binary.BigEndian.Uint64(stamp))))
+	c.mu.Lock()
+	c.d = append(c.d, d)
+	c.mu.Unlock()
+}
+
+func (c *collector) wait(n int) latency {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		c.mu.Lock()
+		got := len(c.d)
+		c.mu.Unlock()
+		if got >= n {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return summarize(c.d)
+}
+
+func (b *bench) rawLatency(rate int, dur time.Duration) latency {
+	ctx := context.Background()
+	stream := b.name("rawlat")
+	s, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{stream + ".x"}, Storage: jetstream.FileStorage})
+	check(err)
+	defer b.js.DeleteStream(ctx, stream)
+	cons, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000})
+	check(err)
+	var c collector
+	cc, err := cons.Consume(func(m jetstream.Msg) { c.add(m.Data()); _ = m.Ack() })
+	check(err)
+	defer cc.Stop()
+	sent := pace(rate, dur, func(_ int, stamp []byte) {
+		_, err := b.js.PublishAsync(stream+".x", stamp)
+		check(err)
+	})
+	return c.wait(sent)
+}
+
+func (b *bench) orderedLatency(keys, rate int, dur time.Duration) latency {
+	ctx := context.Background()
+	topicID := b.name("lat")
+	topic, err := b.client.CreateTopic(ctx, topicID)
+	check(err)
+	defer topic.Delete(ctx)
+	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	check(err)
+	defer sub.Delete(ctx)
+	var c collector
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var warmed atomic.Int32
+	go func() {
+		_ = sub.Receive(rctx, func(_ context.Context, m *adapter.Message) {
+			if len(m.Data) == 0 {
+				warmed.Add(1)
+			}
+			c.add(m.Data)
+			m.Ack()
+		})
+	}()
+	// Warm up: one message per key, so consumer creation is not timed.
+	warm := make([]*adapter.PublishResult, keys)
+	for k := range keys {
+		warm[k] = topic.Publish(ctx, &adapter.Message{Data: nil, OrderingKey: "key-" + strconv.Itoa(k)})
+	}
+	for _, r := range warm {
+		_, err := r.Get(ctx)
+		check(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); int(warmed.Load()) < keys && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	sent := pace(rate, dur, func(i int, stamp []byte) {
+		m := &nats.Msg{Subject: keyrouter.KeyedSubject(project, topicID, "key-"+strconv.Itoa(i%keys)), Data: stamp,
+			Header: nats.Header{"Jetorder-Ordering-Key": {"key-" + strconv.Itoa(i%keys)}}}
+		_, err := b.js.PublishMsgAsync(m)
+		check(err)
+	})
+	return c.wait(sent)
+}
+
+// rss is the process's resident set size from /proc.
+func rss() string {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return "rss n/a"
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			kb, _ := strconv.Atoi(strings.Fields(line)[1])
+			return fmt.Sprintf("RSS %d MiB", kb/1024)
+		}
+	}
+	return "rss n/a"
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
