@@ -37,10 +37,11 @@ type Client struct {
 	project string
 	cfg     clientConfig
 
-	mu     sync.Mutex
-	subsKV jetstream.KeyValue
-	leases jetstream.KeyValue
-	closed bool
+	mu       sync.Mutex
+	subsKV   jetstream.KeyValue
+	leases   jetstream.KeyValue
+	leaseTTL time.Duration // the lease bucket's TTL, which its creator chose
+	closed   bool
 }
 
 type clientConfig struct {
@@ -162,12 +163,19 @@ func (c *Client) withTimeout(ctx context.Context) (context.Context, context.Canc
 	return context.WithTimeout(ctx, c.cfg.apiTimeout)
 }
 
-// buckets returns the registry buckets, creating them on first use.
-func (c *Client) buckets(ctx context.Context) (subs, leases jetstream.KeyValue, err error) {
+// buckets returns the subscription registry bucket.
+func (c *Client) buckets(ctx context.Context) (subs jetstream.KeyValue, err error) {
+	subs, _, _, err = c.registry(ctx)
+	return subs, err
+}
+
+// registry returns the registry buckets, creating them on first use, and
+// the lease bucket's TTL.
+func (c *Client) registry(ctx context.Context) (subs, leases jetstream.KeyValue, leaseTTL time.Duration, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, nil, ErrClosed
+		return nil, nil, 0, ErrClosed
 	}
 	if c.subsKV == nil {
 		kv, err := c.openBucket(ctx, jetstream.KeyValueConfig{
@@ -177,7 +185,7 @@ func (c *Client) buckets(ctx context.Context) (subs, leases jetstream.KeyValue, 
 			Replicas:    c.cfg.replicas,
 		})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
 		c.subsKV = kv
 	}
@@ -190,11 +198,18 @@ func (c *Client) buckets(ctx context.Context) (subs, leases jetstream.KeyValue, 
 			TTL:         c.cfg.leaseTTL,
 		})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
-		c.leases = kv
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("open bucket %s: %w", leasesBucket, err)
+		}
+		if st.TTL() <= 0 {
+			return nil, nil, 0, fmt.Errorf("%w: bucket %s has no TTL", ErrInvalidConfig, leasesBucket)
+		}
+		c.leases, c.leaseTTL = kv, st.TTL()
 	}
-	return c.subsKV, c.leases, nil
+	return c.subsKV, c.leases, c.leaseTTL, nil
 }
 
 func (c *Client) openBucket(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {

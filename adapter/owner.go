@@ -17,83 +17,95 @@ import (
 
 // owner runs key discovery and clean-up for an ordered subscription. Every
 // Receive call runs one, but only the holder of the subscription's lease
-// (a key in the lease bucket, expiring unless renewed) acts, so discovery
-// and clean-up for a subscription happen in one goroutine at a time.
+// acts, so discovery and clean-up for a subscription happen in one
+// goroutine at a time.
 //
 // Discovery reads every keyed message's headers, in stream order, through
-// an ordered consumer that starts after the persisted floor: the stream
-// sequence below which every keyed message has a consumer that covers it.
-// For a key without a live consumer it creates one starting at the message.
+// an ordered consumer that starts after the stored floor: the stream
+// sequence at or below which every keyed message has a consumer that covers
+// it. For a key without a live consumer it creates one starting at the
+// message.
 //
 // Clean-up removes a key's consumer once the key has been idle for the idle
-// timeout, nothing is pending or unacked, and its last message is at or
-// below the floor, so discovery will never see it again. The consumer is
-// paused while this is checked, so nothing is delivered between the check
-// and the delete. A message that arrives meanwhile has a sequence above the
-// floor (the floor only moves in this goroutine, between clean-ups), so
-// discovery finds it and creates the consumer again, starting at it: no
-// message is skipped, and none is delivered twice by the race.
+// timeout, nothing is pending or unacked, the consumer has acked past the
+// last message discovery saw for the key, and the key's last message is at
+// or below the stored floor, so discovery will never see it again. The
+// consumer is paused while this is checked, so nothing is delivered between
+// the check and the delete. A message that arrives meanwhile has a sequence
+// above the floor (the floor only moves in this goroutine, between
+// clean-ups), so discovery finds it and creates the consumer again, starting
+// at it: no message is skipped, and none is delivered twice by the race.
 type owner struct {
-	r        *receiver
-	c        *Client
-	rec      *subRecord
-	id       string
-	leaseKey string
+	r     *receiver
+	c     *Client
+	rec   *subRecord
+	lease *lease
+
+	subsKV   jetstream.KeyValue
 	floorKey string
 
-	leases, subsKV jetstream.KeyValue
-	leaseRev       uint64
-	leaseUntil     time.Time // act only before this (half the TTL after renewal)
-	renewAt        time.Time
-
-	stream   jetstream.Stream
-	floor    uint64
-	floorRev uint64
-	live     map[string]*liveKey // key consumer name -> state
-	cleanAt  time.Time
+	stream      jetstream.Stream
+	startFloor  uint64 // the stored floor when this ownership began
+	floor       uint64 // stored discovery floor
+	floorRev    uint64
+	floorStored time.Time
+	seen        uint64              // last stream sequence discovery handled
+	live        map[string]*liveKey // key consumer name -> state
+	names       map[string]string   // subject -> key consumer name, a cache
+	cleanAt     time.Time
 }
 
 type liveKey struct {
-	subject  string
-	lastSeen time.Time
+	subject  string    // "" until known
+	lastSeq  uint64    // highest sequence of the key discovery handed to it
+	lastSeen time.Time // when discovery last saw the key
+	// verified is false for a consumer found at take-over, until discovery
+	// has made sure it still exists: a late delete by a dead owner cannot
+	// then leave a key without a consumer.
+	verified bool
 }
 
-var errLeaseLost = errors.New("ownership lease lost")
-
 const (
+	// floorInterval bounds how often the discovery floor is written; a new
+	// owner re-reads at most this much of the stream.
+	floorInterval  = 100 * time.Millisecond
 	discoveryBatch = 1024
 	cleanupBatch   = 512
 	cleanupWorkers = 16
+	maxNameCache   = 100_000
 )
 
 func newOwner(r *receiver) *owner {
-	return &owner{
-		r:        r,
-		c:        r.c,
-		rec:      r.rec,
-		id:       uuid.NewString(),
-		leaseKey: r.sub.kvKey(),
-		floorKey: r.sub.floorKey(),
-	}
+	return &owner{r: r, c: r.c, rec: r.rec, floorKey: r.sub.floorKey()}
 }
 
 func (o *owner) warn(msg string, err error) {
-	o.c.cfg.logger.Warn(msg, "subscription", o.rec.ID, "owner", o.id, "err", err)
+	o.c.cfg.logger.Warn(msg, "subscription", o.rec.ID, "owner", o.lease.id, "err", err)
 }
 
 // run tries to take the lease until ctx ends; while it holds it, it owns.
 func (o *owner) run(ctx context.Context) {
 	defer o.r.loops.Done()
-	retry := o.c.cfg.leaseTTL / 6
+	cctx, cancel := o.c.withTimeout(ctx)
+	subsKV, leases, ttl, err := o.c.registry(cctx)
+	cancel()
+	if err != nil {
+		o.r.fail(fmt.Errorf("receive %s: %w", o.r.sub, err))
+		return
+	}
+	o.subsKV = subsKV
+	o.lease = &lease{kv: leases, key: o.r.sub.kvKey(), id: uuid.NewString(), ttl: ttl, timeout: o.c.cfg.apiTimeout}
 	for ctx.Err() == nil {
-		ok, err := o.acquire(ctx)
+		cctx, cancel := context.WithTimeout(ctx, ttl/4)
+		ok, err := o.lease.acquire(cctx)
+		cancel()
 		if err != nil && ctx.Err() == nil {
 			o.warn("lease check failed", err)
 		}
 		if ok {
-			o.c.cfg.logger.Info("owns key discovery", "subscription", o.rec.ID, "owner", o.id)
-			err := o.own(ctx)
-			o.releaseLease()
+			o.c.cfg.logger.Info("owns key discovery", "subscription", o.rec.ID, "owner", o.lease.id)
+			err := o.hold(ctx)
+			o.lease.release()
 			if ctx.Err() != nil {
 				return
 			}
@@ -102,59 +114,38 @@ func (o *owner) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(retry):
+		case <-time.After(ttl / 6):
 		}
 	}
 }
 
-func (o *owner) acquire(ctx context.Context) (bool, error) {
-	cctx, cancel := o.c.withTimeout(ctx)
-	defer cancel()
-	subsKV, leases, err := o.c.buckets(cctx)
-	if err != nil {
-		return false, err
+// hold keeps the lease renewed while own runs, and stops own when the
+// lease is lost.
+func (o *owner) hold(ctx context.Context) error {
+	octx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		o.lease.keep(octx, func(err error) { cancel(err) })
+	}()
+	err := o.own(octx)
+	cancel(nil)
+	wg.Wait()
+	if cause := context.Cause(octx); cause != nil && ctx.Err() == nil && errors.Is(cause, errLeaseLost) {
+		return cause
 	}
-	o.subsKV, o.leases = subsKV, leases
-	start := time.Now()
-	rev, err := leases.Create(cctx, o.leaseKey, []byte(o.id))
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	o.leaseRev = rev
-	o.leaseUntil = start.Add(o.c.cfg.leaseTTL / 2)
-	o.renewAt = start.Add(o.c.cfg.leaseTTL / 4)
-	return true, nil
+	return err
 }
 
-func (o *owner) renew(ctx context.Context) error {
-	cctx, cancel := o.c.withTimeout(ctx)
-	defer cancel()
-	start := time.Now()
-	rev, err := o.leases.Update(cctx, o.leaseKey, []byte(o.id), o.leaseRev)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errLeaseLost, err)
-	}
-	o.leaseRev = rev
-	o.leaseUntil = start.Add(o.c.cfg.leaseTTL / 2)
-	o.renewAt = start.Add(o.c.cfg.leaseTTL / 4)
-	return nil
-}
-
-func (o *owner) releaseLease() {
-	ctx, cancel := context.WithTimeout(context.Background(), o.c.cfg.apiTimeout)
-	defer cancel()
-	_ = o.leases.Delete(ctx, o.leaseKey, jetstream.LastRevision(o.leaseRev))
-}
-
-func (o *owner) leaseValid() bool { return time.Now().Before(o.leaseUntil) }
-
-// own runs discovery and clean-up until the lease is lost, ctx ends or an
-// error occurs; each start re-reads everything from JetStream.
+// own runs discovery and clean-up until ctx ends or an error occurs; each
+// start re-reads everything from JetStream.
 func (o *owner) own(ctx context.Context) error {
-	cctx, cancel := o.c.withTimeout(ctx)
+	cctx, cancel, err := o.lease.opContext(ctx)
+	if err != nil {
+		return err
+	}
 	defer cancel()
 	stream, err := o.c.js.Stream(cctx, o.rec.stream())
 	if err != nil {
@@ -172,6 +163,8 @@ func (o *owner) own(ctx context.Context) error {
 		return fmt.Errorf("corrupt discovery floor %q: %w", e.Value(), err)
 	}
 	o.floorRev = e.Revision()
+	o.startFloor, o.seen = o.floor, o.floor
+	o.names = make(map[string]string)
 	discovery, err := stream.OrderedConsumer(cctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{keyrouter.KeyedFilter(o.rec.TopicProject, o.rec.Topic)},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
@@ -181,18 +174,59 @@ func (o *owner) own(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start key discovery: %w", err)
 	}
-	o.cleanAt = time.Now().Add(o.c.cfg.idleTimeout / 2)
-	wait := min(250*time.Millisecond, o.c.cfg.leaseTTL/8)
-	for ctx.Err() == nil {
-		if time.Now().After(o.renewAt) {
-			if err := o.renew(ctx); err != nil {
-				return err
+	// Discovery streams: each message reaches the owner as soon as it is
+	// stored, so a new key's first message waits only for its consumer.
+	done := make(chan struct{})
+	defer close(done)
+	msgs := make(chan jetstream.Msg, discoveryBatch)
+	errs := make(chan error, 1)
+	cc, err := discovery.Consume(func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-done:
+		}
+	}, jetstream.PullMaxMessages(discoveryBatch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) {
+			select {
+			case errs <- err:
+			default:
 			}
 		}
-		if err := o.discover(ctx, discovery, wait); err != nil {
+	}))
+	if err != nil {
+		return fmt.Errorf("start key discovery: %w", err)
+	}
+	defer cc.Stop()
+
+	o.cleanAt = time.Now().Add(o.c.cfg.idleTimeout / 2)
+	wait := min(250*time.Millisecond, o.lease.ttl/8)
+	for ctx.Err() == nil {
+		var batch []jetstream.Msg
+		select {
+		case m := <-msgs:
+			batch = append(batch, m)
+		drain:
+			for len(batch) < discoveryBatch {
+				select {
+				case m := <-msgs:
+					batch = append(batch, m)
+				default:
+					break drain
+				}
+			}
+		case err := <-errs:
+			return fmt.Errorf("key discovery: %w", err)
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if err := o.discover(ctx, batch); err != nil {
 			return err
 		}
 		if time.Now().After(o.cleanAt) {
+			if err := o.storeFloor(ctx); err != nil {
+				return err
+			}
 			o.cleanup(ctx)
 			o.cleanAt = time.Now().Add(o.c.cfg.idleTimeout / 4)
 		}
@@ -215,12 +249,11 @@ func (o *owner) loadLive(ctx context.Context) error {
 	return names.Err()
 }
 
-// discover reads one batch and makes sure every key in it has a consumer;
-// only then does it move the floor past the batch.
-func (o *owner) discover(ctx context.Context, discovery jetstream.Consumer, wait time.Duration) error {
-	batch, err := discovery.Fetch(discoveryBatch, jetstream.FetchMaxWait(wait))
-	if err != nil {
-		return fmt.Errorf("key discovery: %w", err)
+// discover makes sure every key in batch has a consumer; only then does it
+// move the floor past the batch.
+func (o *owner) discover(ctx context.Context, batch []jetstream.Msg) error {
+	if len(batch) == 0 {
+		return nil
 	}
 	type create struct {
 		name, subject string
@@ -230,30 +263,36 @@ func (o *owner) discover(ctx context.Context, discovery jetstream.Consumer, wait
 	pending := map[string]bool{}
 	var last uint64
 	now := time.Now()
-	for m := range batch.Messages() {
+	for _, m := range batch {
 		meta, err := m.Metadata()
 		if err != nil {
 			continue
 		}
 		last = meta.Sequence.Stream
 		subject := m.Subject()
-		tok, ok := keyrouter.TokenOfSubject(subject)
+		name, ok := o.names[subject]
 		if !ok {
-			continue
+			tok, isKeyed := keyrouter.TokenOfSubject(subject)
+			if !isKeyed {
+				continue
+			}
+			name = keyrouter.KeyConsumer(o.rec.Project, o.rec.ID, tok)
+			if len(o.names) >= maxNameCache {
+				clear(o.names)
+			}
+			o.names[subject] = name
 		}
-		name := keyrouter.KeyConsumer(o.rec.Project, o.rec.ID, tok)
-		if lk, ok := o.live[name]; ok {
-			lk.lastSeen = now
-			lk.subject = subject
-			continue
+		lk, isLive := o.live[name]
+		if isLive {
+			lk.lastSeen, lk.subject, lk.lastSeq = now, subject, last
+			if lk.verified {
+				continue
+			}
 		}
 		if !pending[name] {
 			pending[name] = true
 			creates = append(creates, create{name, subject, last})
 		}
-	}
-	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("key discovery: %w", err)
 	}
 	if last == 0 {
 		return nil
@@ -265,30 +304,64 @@ func (o *owner) discover(ctx context.Context, discovery jetstream.Consumer, wait
 				return err
 			}
 			mu.Lock()
-			o.live[c.name] = &liveKey{subject: c.subject, lastSeen: now}
-			mu.Unlock()
+			defer mu.Unlock()
+			if lk := o.live[c.name]; lk != nil {
+				lk.verified = true
+				return nil
+			}
+			o.live[c.name] = &liveKey{subject: c.subject, lastSeq: c.seq, lastSeen: now, verified: true}
 			return nil
 		})
 		if err != nil {
 			return err
 		}
+		// A key seen again later in the batch has a higher last sequence.
+		for _, m := range batch {
+			if meta, err := m.Metadata(); err == nil {
+				if lk := o.live[o.names[m.Subject()]]; lk != nil && meta.Sequence.Stream > lk.lastSeq {
+					lk.lastSeq = meta.Sequence.Stream
+				}
+			}
+		}
 	}
-	cctx, cancel := o.c.withTimeout(ctx)
-	defer cancel()
-	rev, err := o.subsKV.Update(cctx, o.floorKey, []byte(strconv.FormatUint(last, 10)), o.floorRev)
-	if err != nil {
-		return fmt.Errorf("store discovery floor: %w", err)
+	o.seen = last
+	if time.Since(o.floorStored) >= floorInterval {
+		return o.storeFloor(ctx)
 	}
-	o.floor, o.floorRev = last, rev
 	return nil
 }
 
-func (o *owner) createKeyConsumer(ctx context.Context, name, subject string, start uint64) error {
-	cctx, cancel := o.c.withTimeout(ctx)
+// storeFloor persists how far discovery got. Clean-up trusts only the
+// stored floor, so a new owner, starting from it, never meets a message of
+// a key whose consumer was removed after delivering that message.
+func (o *owner) storeFloor(ctx context.Context) error {
+	if o.seen <= o.floor {
+		return nil
+	}
+	cctx, cancel, err := o.lease.opContext(ctx)
+	if err != nil {
+		return err
+	}
 	defer cancel()
-	_, err := o.c.js.CreatePushConsumer(cctx, o.rec.stream(), o.rec.consumerConfig(name, subject, start, 1))
+	rev, err := o.subsKV.Update(cctx, o.floorKey, []byte(strconv.FormatUint(o.seen, 10)), o.floorRev)
+	if err != nil {
+		return fmt.Errorf("store discovery floor: %w", err)
+	}
+	o.floor, o.floorRev, o.floorStored = o.seen, rev, time.Now()
+	return nil
+}
+
+// createKeyConsumer creates a key's consumer starting at start. A consumer
+// of that name that exists already started earlier and covers start.
+func (o *owner) createKeyConsumer(ctx context.Context, name, subject string, start uint64) error {
+	cctx, cancel, err := o.lease.opContext(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	_, err = o.c.js.CreatePushConsumer(cctx, o.rec.stream(), o.rec.consumerConfig(name, subject, start, 1))
 	if errors.Is(err, jetstream.ErrConsumerExists) {
-		return nil // it exists already, with an older start: it covers this message
+		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("create consumer %s: %w", name, err)
@@ -320,17 +393,19 @@ func (o *owner) cleanup(ctx context.Context) {
 		return
 	}
 	outcomes := make([]retireOutcome, len(idle))
-	idx := make(map[string]int, len(idle))
-	for i, n := range idle {
-		idx[n] = i
+	states := make([]liveKey, len(idle))
+	order := make([]int, len(idle))
+	for i, name := range idle {
+		states[i], order[i] = *o.live[name], i
 	}
 	floor := o.floor
-	_ = forEachParallel(ctx, idle, cleanupWorkers, func(ctx context.Context, name string) error {
-		out, err := o.retire(ctx, name, floor)
+	_ = forEachParallel(ctx, order, cleanupWorkers, func(ctx context.Context, i int) error {
+		name := idle[i]
+		out, err := o.retire(ctx, name, states[i], floor)
 		if err != nil && ctx.Err() == nil {
 			o.warn("key consumer clean-up failed; will retry", fmt.Errorf("%s: %w", name, err))
 		}
-		outcomes[idx[name]] = out
+		outcomes[i] = out
 		return nil
 	})
 	now := time.Now()
@@ -345,36 +420,48 @@ func (o *owner) cleanup(ctx context.Context) {
 }
 
 // retire removes one idle key consumer if nothing can be lost by it; see
-// the owner comment for why each step is where it is.
-func (o *owner) retire(ctx context.Context, name string, floor uint64) (retireOutcome, error) {
-	if !o.leaseValid() {
-		return keyBusy, errLeaseLost
+// the owner comment for why each step is where it is. lk is a copy: retire
+// runs beside other retires and must not touch the live map.
+func (o *owner) retire(ctx context.Context, name string, lk liveKey, floor uint64) (retireOutcome, error) {
+	cctx, cancel, err := o.lease.opContext(ctx)
+	if err != nil {
+		return keyBusy, err
 	}
-	ctx, cancel := o.c.withTimeout(ctx)
 	defer cancel()
-	info, err := o.consumerInfo(ctx, name)
+	info, err := o.consumerInfo(cctx, name)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return keyGone, nil
+		return o.vanished(ctx, name, lk)
 	}
-	if err != nil || busy(info) {
+	if err != nil || busy(info, lk) {
 		return keyBusy, err
 	}
 	subject := info.Config.FilterSubject
-	if _, err := o.c.js.PauseConsumer(ctx, o.rec.stream(), name, time.Now().Add(time.Minute)); err != nil {
+	pauseFor := 2 * o.c.cfg.apiTimeout
+	if _, err := o.c.js.PauseConsumer(cctx, o.rec.stream(), name, time.Now().Add(pauseFor)); err != nil {
 		return keyBusy, err
 	}
-	resume := func() { _, _ = o.c.js.ResumeConsumer(ctx, o.rec.stream(), name) }
-	last, err := o.lastSeq(ctx, subject)
+	resume := func() {
+		rctx, cancel := context.WithTimeout(context.Background(), o.c.cfg.apiTimeout)
+		defer cancel()
+		_, _ = o.c.js.ResumeConsumer(rctx, o.rec.stream(), name)
+	}
+	last, err := o.lastSeq(cctx, subject)
 	if err != nil {
 		resume()
 		return keyBusy, err
 	}
-	info, err = o.consumerInfo(ctx, name)
-	if err != nil || busy(info) || last > floor || !o.leaseValid() {
+	info, err = o.consumerInfo(cctx, name)
+	// Paused must show in the info itself: in a cluster the pause is
+	// answered before the consumer's leader has applied it.
+	if err != nil || busy(info, lk) || !info.Paused || info.AckFloor.Stream < last || last > floor {
 		resume()
 		return keyBusy, err
 	}
-	if err := o.stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if !o.lease.valid() {
+		resume()
+		return keyBusy, errLeaseLost
+	}
+	if err := o.stream.DeleteConsumer(cctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		resume()
 		return keyBusy, err
 	}
@@ -382,8 +469,28 @@ func (o *owner) retire(ctx context.Context, name string, floor uint64) (retireOu
 	return keyGone, nil
 }
 
-func busy(info *jetstream.ConsumerInfo) bool {
-	return info.NumPending > 0 || info.NumAckPending > 0
+// vanished handles a key consumer that disappeared without this owner
+// removing it (deleted by hand, or lost with a server's memory). Its
+// unacked messages must not be lost: it is created again from where this
+// ownership's discovery started, at the price of redelivering what it had
+// acked since.
+func (o *owner) vanished(ctx context.Context, name string, lk liveKey) (retireOutcome, error) {
+	if lk.subject == "" {
+		// Never seen by this owner's discovery: it had no messages above
+		// the floor this ownership started from.
+		return keyGone, nil
+	}
+	o.warn("key consumer vanished; recreating it from the discovery start", errors.New(name))
+	if err := o.createKeyConsumer(ctx, name, lk.subject, o.startFloor+1); err != nil {
+		return keyBusy, err
+	}
+	return keyBusy, nil
+}
+
+// busy reports whether a key consumer still has work, or has not yet acked
+// what discovery handed it.
+func busy(info *jetstream.ConsumerInfo, lk liveKey) bool {
+	return info.NumPending > 0 || info.NumAckPending > 0 || info.AckFloor.Stream < lk.lastSeq
 }
 
 func (o *owner) consumerInfo(ctx context.Context, name string) (*jetstream.ConsumerInfo, error) {

@@ -181,9 +181,17 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 
 	bg, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()
-	r.loops.Add(3)
+	// Leases are extended until the last handler has returned: a handler
+	// still running after Receive was cancelled must not see its message
+	// redelivered, and the next of its key run, elsewhere.
+	stopExtending := make(chan struct{})
+	extended := make(chan struct{})
+	go func() {
+		defer close(extended)
+		r.extendLeases(stopExtending)
+	}()
+	r.loops.Add(2)
 	go r.dispatch()
-	go r.extendLeases()
 	go r.supervise(bg)
 	if r.rec.Ordering {
 		r.loops.Add(1)
@@ -200,6 +208,14 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	r.mu.Lock()
 	r.stopping = true
 	r.mu.Unlock()
+	// Drain hands what the connection already holds for us to onMsg, which
+	// nacks it now that stopping is set, instead of dropping it to wait out
+	// its ack deadline.
+	if err := sub.Drain(); err == nil {
+		for deadline := time.Now().Add(r.c.cfg.apiTimeout); sub.IsValid() && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	_ = sub.Unsubscribe()
 	close(r.stopped)
 	stopBackground()
@@ -213,6 +229,8 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	}
 	cancelHandlers()
 	r.workers.Wait()
+	close(stopExtending)
+	<-extended
 	r.mu.Lock()
 	var left []*delivery
 	for _, d := range r.held {
@@ -224,9 +242,12 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	}
 	if r.fatal != nil && errors.Is(r.fatal, ErrSubscriptionNotFound) {
 		// An owner may have created a key consumer after the subscription's
-		// consumers were removed; remove it too.
+		// consumers were removed; remove it too, unless a subscription of
+		// the same id was created meanwhile (its consumers have our names).
 		cctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
-		_ = r.c.deleteConsumers(cctx, r.rec)
+		if _, err := r.sub.load(cctx); errors.Is(err, ErrSubscriptionNotFound) {
+			_ = r.c.deleteConsumers(cctx, r.rec)
+		}
 		cancel()
 	}
 	return r.fatal
@@ -349,8 +370,7 @@ func (r *receiver) handle(d *delivery) {
 
 // extendLeases keeps the deadline of every held message from passing while
 // it waits for, or runs in, a handler.
-func (r *receiver) extendLeases() {
-	defer r.loops.Done()
+func (r *receiver) extendLeases(stop <-chan struct{}) {
 	deadline := r.rec.ackDeadline()
 	period := deadline / 3
 	t := time.NewTicker(period)
@@ -359,7 +379,7 @@ func (r *receiver) extendLeases() {
 	for {
 		select {
 		case <-t.C:
-		case <-r.stopped:
+		case <-stop:
 			return
 		}
 		now := time.Now()
@@ -395,7 +415,10 @@ func (r *receiver) supervise(ctx context.Context) {
 			return
 		}
 		cctx, cancel := r.c.withTimeout(ctx)
-		_, err := r.sub.load(cctx)
+		rec, err := r.sub.load(cctx)
+		if err == nil && !rec.Created.Equal(r.rec.Created) {
+			err = fmt.Errorf("%w: %s was deleted and created again", ErrSubscriptionNotFound, r.sub)
+		}
 		if err == nil {
 			err = r.c.checkTopic(cctx, r.rec)
 		}

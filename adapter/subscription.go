@@ -132,7 +132,7 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 	if err != nil {
 		return nil, err
 	}
-	kv, _, err := c.buckets(ctx)
+	kv, err := c.buckets(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +186,7 @@ func (s *Subscription) load(ctx context.Context) (*subRecord, error) {
 	if err := keyrouter.ValidateSubscriptionID(s.id); err != nil {
 		return nil, err
 	}
-	kv, _, err := s.c.buckets(ctx)
+	kv, err := s.c.buckets(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +234,7 @@ func (s *Subscription) Config(ctx context.Context) (SubscriptionConfig, error) {
 func (c *Client) Subscriptions(ctx context.Context) ([]*Subscription, error) {
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
-	kv, _, err := c.buckets(ctx)
+	kv, err := c.buckets(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +270,7 @@ func (s *Subscription) Delete(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kv, _, err := s.c.buckets(ctx)
+	kv, err := s.c.buckets(ctx)
 	if err != nil {
 		return err
 	}

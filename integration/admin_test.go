@@ -107,7 +107,10 @@ func TestBadInput(t *testing.T) {
 			_, err := e.client.CreateSubscription(ctx, "sub-2", adapter.SubscriptionConfig{Topic: e.client.Topic("nope")})
 			return err
 		}, adapter.ErrTopicNotFound},
-		{"no topic", func() error { _, err := e.client.CreateSubscription(ctx, "sub-3", adapter.SubscriptionConfig{}); return err }, adapter.ErrInvalidConfig},
+		{"no topic", func() error {
+			_, err := e.client.CreateSubscription(ctx, "sub-3", adapter.SubscriptionConfig{})
+			return err
+		}, adapter.ErrInvalidConfig},
 		{"ack deadline too short", func() error {
 			_, err := e.client.CreateSubscription(ctx, "sub-4", adapter.SubscriptionConfig{Topic: topic, AckDeadline: time.Millisecond})
 			return err
