@@ -67,9 +67,11 @@ func main() {
 
 	rawMany := b.raw("raw-map1000", n(100_000), 1000)
 	rawOne := b.raw("raw-map1", n(50_000), 1)
+	rawPush := b.rawPush("raw-push-map1", n(50_000))
 	fmt.Printf("%-34s %10s %12s %12s\n", "run", "msgs/s", "vs raw1000", "vs raw-map1")
 	fmt.Printf("%-34s %10.0f %12s %12s\n", "raw JetStream, MaxAckPending 1000", rawMany, "1.00x", "")
 	fmt.Printf("%-34s %10.0f %12s %12s\n", "raw JetStream, MaxAckPending 1", rawOne, "", "1.00x")
+	fmt.Printf("%-34s %10.0f %12s %11.2fx   (push consumer + queue group, as the adapter uses)\n", "raw push, MaxAckPending 1", rawPush, "", rawPush/rawOne)
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		check(err)
@@ -151,6 +153,33 @@ func (b *bench) raw(stream string, msgs, maxAckPending int) float64 {
 	el := time.Since(start)
 	cc.Stop()
 	return float64(msgs) / el.Seconds()
+}
+
+// rawPush times one push consumer with MaxAckPending 1 delivering to a
+// queue subscription: the delivery path the adapter's key consumers use.
+func (b *bench) rawPush(stream string, msgs int) float64 {
+	ctx := context.Background()
+	subj := stream + ".x"
+	_, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subj}, Storage: jetstream.FileStorage})
+	check(err)
+	defer b.js.DeleteStream(ctx, stream)
+	b.fill(func(int) string { return subj }, func(int) nats.Header { return nil }, msgs)
+	var got atomic.Int64
+	done := make(chan struct{})
+	sub, err := b.nc.QueueSubscribe("deliver."+stream, "g", func(m *nats.Msg) {
+		_ = m.Ack()
+		if got.Add(1) == int64(msgs) {
+			close(done)
+		}
+	})
+	check(err)
+	defer sub.Unsubscribe()
+	start := time.Now()
+	_, err = b.js.CreatePushConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "c", DeliverSubject: "deliver." + stream,
+		DeliverGroup: "g", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1})
+	check(err)
+	<-done
+	return float64(msgs) / time.Since(start).Seconds()
 }
 
 type orderedResult struct {

@@ -75,13 +75,14 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, cfg, log); err != nil {
+	if err := run(ctx, cfg, log, nil); err != nil {
 		log.Error("sidecar stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, cfg config, log *slog.Logger) error {
+// run serves until ctx ends; ready, if not nil, is called once it serves.
+func run(ctx context.Context, cfg config, log *slog.Logger, ready func()) error {
 	var (
 		srv  *embedded.Server
 		opts = []nats.Option{nats.Name("jetorder-sidecar"), nats.MaxReconnects(-1)}
@@ -123,6 +124,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	_, err = js.AccountInfo(actx)
 	cancel()
+	if ctx.Err() != nil {
+		return nil // asked to stop while starting
+	}
 	if err != nil {
 		return fmt.Errorf("JetStream not available: %w", err)
 	}
@@ -131,6 +135,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		where = []any{"nats", "embedded", "data-dir", cfg.dataDir, "nats-listen", orOff(cfg.natsListen)}
 	}
 	log.Info("jetorder sidecar ready", where...)
+	if ready != nil {
+		ready()
+	}
 	<-ctx.Done()
 	log.Info("shutting down")
 	if err := nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {

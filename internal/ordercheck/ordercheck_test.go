@@ -1,0 +1,108 @@
+package ordercheck
+
+import (
+	"strings"
+	"testing"
+)
+
+// The checker must catch each kind of violation, or the tests built on it
+// could never fail.
+func TestCheckerCatchesViolations(t *testing.T) {
+	tests := []struct {
+		name string
+		run  func(c *Checker)
+		want string // substring of the first violation; "" = none
+	}{
+		{"in order", func(c *Checker) {
+			c.Delivered("s", "k", 0)
+			c.Acked("s", "k", 0)
+			c.Delivered("s", "k", 1)
+			c.Acked("s", "k", 1)
+		}, ""},
+		{"redelivery after nack", func(c *Checker) {
+			c.Delivered("s", "k", 0)
+			c.Released("s", "k", 0)
+			c.Delivered("s", "k", 0)
+			c.Acked("s", "k", 0)
+		}, ""},
+		{"skips ahead", func(c *Checker) {
+			c.Delivered("s", "k", 1)
+		}, "delivered before message 0 was acked"},
+		{"while predecessor unacked", func(c *Checker) {
+			c.Delivered("s", "k", 0)
+			c.Delivered("s", "k", 1)
+		}, "while message 0 is unacked"},
+		{"newer before redelivery", func(c *Checker) {
+			c.Delivered("s", "k", 0)
+			c.Released("s", "k", 0)
+			c.Delivered("s", "k", 1)
+		}, "delivered before message 0 was acked"},
+		{"acked message comes back", func(c *Checker) {
+			c.Delivered("s", "k", 0)
+			c.Acked("s", "k", 0)
+			c.Delivered("s", "k", 0)
+		}, "again after it was acked"},
+		{"unkeyed twice in handlers", func(c *Checker) {
+			c.Delivered("s", "", 3)
+			c.Delivered("s", "", 3)
+		}, "already in a handler"},
+		{"keys are independent", func(c *Checker) {
+			c.Delivered("s", "a", 0)
+			c.Delivered("s", "b", 0)
+			c.Delivered("t", "a", 0)
+		}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := New()
+			tt.run(c)
+			v := c.Violations()
+			switch {
+			case tt.want == "" && len(v) > 0:
+				t.Fatalf("unexpected violations: %v", v)
+			case tt.want != "" && (len(v) == 0 || !strings.Contains(v[0], tt.want)):
+				t.Fatalf("violations %v, want one containing %q", v, tt.want)
+			}
+		})
+	}
+}
+
+func TestCheckerMissingAndStats(t *testing.T) {
+	c := New()
+	for i := range 3 {
+		c.Published("k", i)
+	}
+	c.Published("", 0)
+	c.Delivered("s", "k", 0)
+	c.Acked("s", "k", 0)
+	c.Delivered("s", "k", 1)
+	c.Released("s", "k", 1)
+	c.Delivered("s", "k", 1)
+	c.Acked("s", "k", 1)
+	if c.Complete("s") {
+		t.Fatal("complete with message 2 and the unkeyed one missing")
+	}
+	if m := c.Missing("s"); !strings.Contains(m, `key "k": 2 of 3`) || !strings.Contains(m, "unkeyed: 0 of 1") {
+		t.Fatalf("Missing = %q", m)
+	}
+	c.Delivered("s", "k", 2)
+	c.Acked("s", "k", 2)
+	c.Delivered("s", "", 0)
+	c.Acked("s", "", 0)
+	if !c.Complete("s") {
+		t.Fatalf("not complete: %s", c.Missing("s"))
+	}
+	if st := c.Stats("s"); st.Deliveries != 5 || st.Redeliveries != 1 || st.Acks != 4 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+func TestEncodeDecode(t *testing.T) {
+	key, idx, err := Decode(Encode("a|b", 42))
+	if err != nil || key != "a|b" || idx != 42 {
+		t.Fatalf("Decode = %q %d %v", key, idx, err)
+	}
+	if _, _, err := Decode([]byte("nobar")); err == nil {
+		t.Fatal("Decode accepted a payload without index")
+	}
+}
