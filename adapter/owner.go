@@ -70,6 +70,7 @@ const (
 	// owner re-reads at most this much of the stream.
 	floorInterval  = 100 * time.Millisecond
 	discoveryBatch = 1024
+	discoveryPace  = 5 * time.Millisecond
 	cleanupBatch   = 512
 	cleanupWorkers = 16
 	maxNameCache   = 100_000
@@ -222,6 +223,14 @@ func (o *owner) own(ctx context.Context) error {
 		}
 		if err := o.discover(ctx, batch); err != nil {
 			return err
+		}
+		if n := len(batch); n > 0 && n < discoveryBatch {
+			// Pace a trickle into batches: waking for every message would
+			// take CPU from delivery, and a new key waits at most this long.
+			select {
+			case <-time.After(discoveryPace):
+			case <-ctx.Done():
+			}
 		}
 		if time.Now().After(o.cleanAt) {
 			if err := o.storeFloor(ctx); err != nil {

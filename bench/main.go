@@ -41,6 +41,7 @@ var (
 	idleTimeout = flag.Duration("idle", 2*time.Second, "key idle timeout before consumer clean-up")
 	cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the adapter runs to this file")
 	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
+	rounds      = flag.Int("rounds", 3, "rounds of baselines and adapter runs (key counts over 256 run in the first only)")
 )
 
 const project = "bench"
@@ -65,31 +66,60 @@ func main() {
 	fmt.Printf("jetorder bench: %s, GOMAXPROCS=%d, payload %d B, file storage, one process (server embedded)\n\n",
 		runtime.Version(), runtime.GOMAXPROCS(0), *payloadSize)
 
-	rawMany := b.raw("raw-map1000", n(100_000), 1000)
-	rawOne := b.raw("raw-map1", n(50_000), 1)
-	rawPush := b.rawPush("raw-push-map1", n(50_000))
-	fmt.Printf("%-34s %10s %12s %12s\n", "run", "msgs/s", "vs raw1000", "vs raw-map1")
-	fmt.Printf("%-34s %10.0f %12s %12s\n", "raw JetStream, MaxAckPending 1000", rawMany, "1.00x", "")
-	fmt.Printf("%-34s %10.0f %12s %12s\n", "raw JetStream, MaxAckPending 1", rawOne, "", "1.00x")
-	fmt.Printf("%-34s %10.0f %12s %11.2fx   (push consumer + queue group, as the adapter uses)\n", "raw push, MaxAckPending 1", rawPush, "", rawPush/rawOne)
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		check(err)
 		check(pprof.StartCPUProfile(f))
 		defer pprof.StopCPUProfile()
 	}
+	var counts []int
 	for _, field := range strings.Split(*keyCounts, ",") {
 		keys, err := strconv.Atoi(strings.TrimSpace(field))
 		check(err)
-		run := struct{ keys, msgs int }{keys, n(100_000)}
-		switch {
-		case keys <= 16:
-			run.msgs = n(50_000)
+		counts = append(counts, keys)
+	}
+	// Each round measures the baselines and then the adapter runs, and each
+	// adapter figure is divided by the baselines of its own round: on a
+	// shared 2-core machine the spread between runs is large, so the
+	// summary reports the median ratio and its range.
+	var many, one, push []float64
+	ratios := map[int][][2]float64{}
+	rates := map[int][]float64{}
+	fmt.Printf("%-5s %-34s %10s %11s %11s\n", "round", "run", "msgs/s", "vs raw1000", "vs raw-map1")
+	for round := 1; round <= *rounds; round++ {
+		m, o, p := b.raw("raw-map1000", n(100_000), 1000), b.raw("raw-map1", n(50_000), 1), b.rawPush("raw-push-map1", n(50_000))
+		many, one, push = append(many, m), append(one, o), append(push, p)
+		fmt.Printf("%-5d %-34s %10.0f %11s %11s\n", round, "raw JetStream, MaxAckPending 1000", m, "1.00x", "")
+		fmt.Printf("%-5d %-34s %10.0f %11s %11s\n", round, "raw JetStream, MaxAckPending 1", o, "", "1.00x")
+		fmt.Printf("%-5d %-34s %10.0f %11s %10.2fx\n", round, "raw push, MaxAckPending 1", p, "", p/o)
+		for _, keys := range counts {
+			if keys > 256 && round > 1 {
+				continue // slow; once is enough to show it completes and memory stays bounded
+			}
+			msgs := n(100_000)
+			if keys <= 16 {
+				msgs = n(50_000)
+			}
+			r := b.ordered(keys, msgs)
+			rates[keys] = append(rates[keys], r.rate)
+			ratios[keys] = append(ratios[keys], [2]float64{r.rate / m, r.rate / o})
+			fmt.Printf("%-5d %-34s %10.0f %10.2fx %10.2fx   first delivery after %v; key consumers: %d at end, %d after %v idle; %s\n",
+				round, fmt.Sprintf("adapter, %d keys, %d msgs", keys, msgs), r.rate, r.rate/m, r.rate/o,
+				r.startup.Round(time.Millisecond), r.consumersAtEnd, r.consumersAfterIdle, r.idleWait.Round(100*time.Millisecond), rss())
 		}
-		r := b.ordered(run.keys, run.msgs)
-		fmt.Printf("%-34s %10.0f %11.2fx %11.2fx   first delivery after %v; consumers: %d at end, %d after %v idle; %s\n",
-			fmt.Sprintf("adapter, %d keys, %d msgs", run.keys, run.msgs), r.rate, r.rate/rawMany, r.rate/rawOne,
-			r.startup.Round(time.Millisecond), r.consumersAtEnd, r.consumersAfterIdle, r.idleWait.Round(100*time.Millisecond), rss())
+	}
+	fmt.Printf("\nsummary, median of %d rounds (ratio range in brackets)\n", *rounds)
+	fmt.Printf("%-34s %10.0f\n", "raw JetStream, MaxAckPending 1000", median(many))
+	fmt.Printf("%-34s %10.0f\n", "raw JetStream, MaxAckPending 1", median(one))
+	fmt.Printf("%-34s %10.0f\n", "raw push, MaxAckPending 1", median(push))
+	for _, keys := range counts {
+		var vsMany, vsOne []float64
+		for _, r := range ratios[keys] {
+			vsMany, vsOne = append(vsMany, r[0]), append(vsOne, r[1])
+		}
+		fmt.Printf("%-34s %10.0f   vs raw1000 %.2fx [%.2f-%.2f]   vs raw-map1 %.2fx [%.2f-%.2f]\n",
+			fmt.Sprintf("adapter, %d keys", keys), median(rates[keys]),
+			median(vsMany), slices.Min(vsMany), slices.Max(vsMany), median(vsOne), slices.Min(vsOne), slices.Max(vsOne))
 	}
 	fmt.Println()
 	rawLat := b.rawLatency(2000, 3*time.Second)
@@ -97,6 +127,12 @@ func main() {
 	fmt.Printf("latency publish->handler at 2000 msg/s: raw p50 %v p99 %v; adapter (16 keys) p50 %v p99 %v\n",
 		rawLat.p50, rawLat.p99, adLat.p50, adLat.p99)
 	fmt.Printf("process RSS at end: %s\n", rss())
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 func n(base int) int { return max(1, int(float64(base)**scale)) }
@@ -391,7 +427,7 @@ func rss() string {
 	for _, line := range strings.Split(string(data), "\n") {
 		if strings.HasPrefix(line, "VmRSS:") {
 			kb, _ := strconv.Atoi(strings.Fields(line)[1])
-			return fmt.Sprintf("RSS %d MiB", kb/1024)
+			return fmt.Sprintf("RSS %d MiB, %d goroutines", kb/1024, runtime.NumGoroutine())
 		}
 	}
 	return "rss n/a"
