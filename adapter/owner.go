@@ -449,11 +449,7 @@ func (o *owner) retire(ctx context.Context, name string, lk liveKey, floor uint6
 	if _, err := o.c.js.PauseConsumer(cctx, o.rec.stream(), name, time.Now().Add(pauseFor)); err != nil {
 		return keyBusy, err
 	}
-	resume := func() {
-		rctx, cancel := context.WithTimeout(context.Background(), o.c.cfg.apiTimeout)
-		defer cancel()
-		_, _ = o.c.js.ResumeConsumer(rctx, o.rec.stream(), name)
-	}
+	resume := func() { o.resume(name) }
 	last, err := o.lastSeq(cctx, subject)
 	if err != nil {
 		resume()
@@ -476,6 +472,28 @@ func (o *owner) retire(ctx context.Context, name string, lk liveKey, floor uint6
 	}
 	o.c.cfg.logger.Debug("retired idle key consumer", "subscription", o.rec.ID, "consumer", name, "last", last)
 	return keyGone, nil
+}
+
+// resume ends the pause of a key consumer that turned out to be busy.
+// nats-server's own resume (PauseUntil unset) does not wake the consumer's
+// delivery loop, so a message stored during the pause would wait for the
+// next message of its key, possibly forever. A pause that ends a moment
+// from now does wake it, from the pause timer; the server's answer says
+// whether the moment is still ahead by its clock, else a longer one is tried.
+func (o *owner) resume(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), o.c.cfg.apiTimeout)
+	defer cancel()
+	for delay := 10 * time.Millisecond; delay <= 2*time.Second; delay *= 4 {
+		resp, err := o.c.js.PauseConsumer(ctx, o.rec.stream(), name, time.Now().Add(delay))
+		if err != nil {
+			o.warn("resume key consumer failed; its pause ends by itself", fmt.Errorf("%s: %w", name, err))
+			return
+		}
+		if resp.Paused {
+			return
+		}
+	}
+	o.warn("resume key consumer: server clock far ahead; its pause ends by itself", errors.New(name))
 }
 
 // vanished handles a key consumer that disappeared without this owner

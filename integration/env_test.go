@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -24,8 +26,17 @@ type env struct {
 	client *adapter.Client
 }
 
+// JETORDER_TEST_LOG=1 sends the adapter's debug log to stderr.
+func testLogger() []adapter.Option {
+	if os.Getenv("JETORDER_TEST_LOG") == "" {
+		return nil
+	}
+	return []adapter.Option{adapter.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))}
+}
+
 func newEnv(t *testing.T, opts ...adapter.Option) *env {
 	t.Helper()
+	opts = append(testLogger(), opts...)
 	srv := testutil.Server(t)
 	e := &env{t: t, srv: srv}
 	e.nc, e.client = e.connect(opts...)
@@ -36,7 +47,7 @@ func newEnv(t *testing.T, opts ...adapter.Option) *env {
 func (e *env) connect(opts ...adapter.Option) (*nats.Conn, *adapter.Client) {
 	e.t.Helper()
 	nc := testutil.Connect(e.t, e.srv.ClientURL())
-	c, err := adapter.NewClient(nc, project, opts...)
+	c, err := adapter.NewClient(nc, project, append(testLogger(), opts...)...)
 	if err != nil {
 		e.t.Fatalf("NewClient: %v", err)
 	}

@@ -135,3 +135,58 @@ func TestOrderingChecker(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, func() bool { return keyConsumers(t, e, "checked", "sub-a") == 0 },
 		"per-key consumers of sub-a not retired after idle: %d left", func() int { return keyConsumers(t, e, "checked", "sub-a") })
 }
+
+// Messages arrive right around the moment their key's consumer is being
+// retired, again and again: the create/delete race must lose, reorder and
+// duplicate nothing.
+func TestRetireRaceLosesNothing(t *testing.T) {
+	e := newEnv(t, adapter.WithIdleTimeout(100*time.Millisecond))
+	topic := e.createTopic("churn")
+	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	c := ordercheck.New()
+	startReceive(t, sub, checkedHandler(t, c, "sub-1", chaos{}))
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	sawRetired := make(chan struct{}, 1)
+	for k := range 8 {
+		key := fmt.Sprint("churn-", k)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			for i := range 30 {
+				if _, err := topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}).Get(ctx); err != nil {
+					errs <- err
+					return
+				}
+				c.Published(key, i)
+				// Workload shape: gaps around the idle timeout plus clean-up period.
+				time.Sleep(time.Duration(60+rand.IntN(150)) * time.Millisecond)
+			}
+		}()
+	}
+	// Meanwhile, on the test goroutine: the consumers really are retired
+	// between messages at least once.
+	deadline := time.Now().Add(20 * time.Second)
+	peak := 0
+	for time.Now().Before(deadline) && len(sawRetired) == 0 {
+		n := keyConsumers(t, e, "churn", "sub-1")
+		peak = max(peak, n)
+		if n < peak {
+			sawRetired <- struct{}{}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if len(sawRetired) == 0 {
+		t.Fatal("no key consumer was ever retired: the race was not exercised")
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool { return c.Complete("sub-1") }, "not acked: %s", func() string { return c.Missing("sub-1") })
+	if v := c.Violations(); len(v) > 0 {
+		t.Fatalf("ordering violations: %s", strings.Join(v, "\n"))
+	}
+}
