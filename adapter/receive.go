@@ -211,9 +211,11 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	// Drain hands what the connection already holds for us to onMsg, which
 	// nacks it now that stopping is set, instead of dropping it to wait out
 	// its ack deadline.
+	closed := sub.StatusChanged(nats.SubscriptionClosed)
 	if err := sub.Drain(); err == nil {
-		for deadline := time.Now().Add(r.c.cfg.apiTimeout); sub.IsValid() && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
+		select {
+		case <-closed:
+		case <-time.After(r.c.cfg.apiTimeout):
 		}
 	}
 	_ = sub.Unsubscribe()
