@@ -263,6 +263,9 @@ func (t *Topic) encode(msg *Message) (*nats.Msg, string, error) {
 	if err := keyrouter.ValidateTopicID(t.id); err != nil {
 		return nil, "", err
 	}
+	if err := keyrouter.ValidateProjectID(t.project); err != nil {
+		return nil, "", err
+	}
 	subject := keyrouter.UnkeyedSubject(t.project, t.id)
 	if msg.OrderingKey != "" {
 		if err := keyrouter.ValidateOrderingKey(msg.OrderingKey); err != nil {
