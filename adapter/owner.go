@@ -171,10 +171,13 @@ func (o *owner) own(ctx context.Context) error {
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    o.floor + 1,
 		HeadersOnly:    true,
+		// Removed when ownership ends; this bounds its life if that fails.
+		InactiveThreshold: 30 * time.Second,
 	})
 	if err != nil {
 		return fmt.Errorf("start key discovery: %w", err)
 	}
+	defer o.dropDiscovery(discovery)
 	// Discovery streams: each message reaches the owner as soon as it is
 	// stored, so a new key's first message waits only for its consumer.
 	done := make(chan struct{})
@@ -241,6 +244,18 @@ func (o *owner) own(ctx context.Context) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// dropDiscovery deletes the discovery consumer on the server rather than
+// leaving it to its inactivity threshold.
+func (o *owner) dropDiscovery(discovery jetstream.Consumer) {
+	info := discovery.CachedInfo()
+	if info == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.c.cfg.apiTimeout)
+	defer cancel()
+	_ = o.stream.DeleteConsumer(ctx, info.Name)
 }
 
 // loadLive lists the subscription's key consumers: a new owner takes over

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/testutil"
+	"github.com/jetorder/jetorder/keyrouter"
 )
 
 // Two clients receive one subscription; the one that owns key discovery
@@ -208,4 +210,61 @@ func TestMessageFieldsRoundTrip(t *testing.T) {
 			t.Fatalf("attribute %q = %q, want %q", k, m.Attributes[k], v)
 		}
 	}
+}
+
+// Receive stops every goroutine it starts: start and stop it many times and
+// the process's goroutine count comes back.
+func TestReceiveStopsItsGoroutines(t *testing.T) {
+	e := newEnv(t, adapter.WithIdleTimeout(100*time.Millisecond))
+	topic := e.createTopic("cycles")
+	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	cycle := func(i int) {
+		got := make(chan struct{}, 1)
+		r := startReceive(t, sub, func(_ context.Context, m *adapter.Message) {
+			m.Ack()
+			select {
+			case got <- struct{}{}:
+			default:
+			}
+		})
+		publish(t, topic, fmt.Sprint(i), fmt.Sprint("key-", i))
+		select {
+		case <-got:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("cycle %d: no delivery", i)
+		}
+		if err := r.stop(); err != nil {
+			t.Fatalf("cycle %d: Receive returned %v", i, err)
+		}
+	}
+	cycle(0) // warm up: buckets and connections
+	base := clientGoroutines()
+	for i := 1; i <= 10; i++ {
+		cycle(i)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool { return clientGoroutines() <= base },
+		"client goroutines grew from %d to %d over 10 Receive cycles", base, clientGoroutines)
+	// Each owner's discovery consumer goes with it; the key consumers wait
+	// for the next owner to retire them.
+	stream, err := jetstreamOf(t, e).Stream(context.Background(), keyrouter.StreamName(project, "cycles"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := stream.CachedInfo().State.Consumers; n > 11+1 {
+		t.Fatalf("%d consumers left: more than the 11 key consumers and the unkeyed one", n)
+	}
+}
+
+// clientGoroutines counts the goroutines running adapter or nats.go client
+// code (the embedded server's own come and go with its consumers).
+func clientGoroutines() int {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "jetorder/adapter.") || strings.Contains(g, "nats-io/nats.go") {
+			n++
+		}
+	}
+	return n
 }
