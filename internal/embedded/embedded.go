@@ -73,9 +73,9 @@ func Start(cfg Config) (*Server, error) {
 		NoLog:      !cfg.Logging,
 		// Per-key consumers: a stream has as many consumers as active keys.
 		JetStreamLimits: server.JSLimitOpts{DefaultMaxConsumers: -1},
-		// Ordered delivery holds one message per key; payloads up to 8 MiB
-		// match the largest Pub/Sub message (10 MB) closely enough while
-		// keeping the server's per-connection buffers sane.
+		// The largest payload nats-server accepts without warning. Pub/Sub
+		// allows 10 MB; larger messages are refused by Publish with a clear
+		// error rather than by the server.
 		MaxPayload: 8 << 20,
 	}
 	if cfg.clusterName != "" {
