@@ -63,7 +63,8 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithReplicas sets the replica count of the streams and buckets the client
-// creates (1 on a single server, 3 in a cluster). Default 1.
+// creates (1 on a single server, 3 in a cluster); buckets that exist keep
+// theirs. Default 1.
 func WithReplicas(n int) Option {
 	return func(c *clientConfig) error {
 		if n < 1 || n > 5 {
@@ -136,8 +137,9 @@ func NewClient(nc *nats.Conn, project string, opts ...Option) (*Client, error) {
 // Project is the client's project id.
 func (c *Client) Project() string { return c.project }
 
-// Close marks the client closed: later calls fail with ErrClosed. Receive
-// calls in progress are ended by cancelling their contexts, not by Close.
+// Close marks the client closed: later calls fail with ErrClosed, and
+// Receive calls in progress end with ErrClosed within about a second
+// (cancelling their contexts ends them at once).
 func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true

@@ -200,7 +200,13 @@ func (o *owner) own(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start key discovery: %w", err)
 	}
-	defer cc.Stop()
+	defer func() {
+		cc.Stop()
+		select {
+		case <-cc.Closed():
+		case <-time.After(o.c.cfg.apiTimeout):
+		}
+	}()
 
 	o.cleanAt = time.Now().Add(o.c.cfg.idleTimeout / 2)
 	wait := min(250*time.Millisecond, o.lease.ttl/8)

@@ -284,15 +284,16 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	msg.d = d
 
 	r.mu.Lock()
+	if _, dup := r.held[k]; dup {
+		// A redelivery of a message this process still holds (its deadline
+		// passed while it waited): keep the copy we have. Even when
+		// stopping: a nack would let it run elsewhere beside our handler.
+		r.mu.Unlock()
+		return
+	}
 	if r.stopping {
 		r.mu.Unlock()
 		_ = r.c.nc.Publish(m.Reply, ackPayload[ackNak])
-		return
-	}
-	if _, dup := r.held[k]; dup {
-		// A redelivery of a message this process still holds (its deadline
-		// passed while it waited): keep the copy we have.
-		r.mu.Unlock()
 		return
 	}
 	r.held[k] = d
@@ -400,8 +401,8 @@ func (r *receiver) extendLeases(stop <-chan struct{}) {
 	}
 }
 
-// supervise ends Receive when the subscription or its topic goes away or
-// the connection closes.
+// supervise ends Receive when the subscription or its topic goes away, or
+// the client or its connection closes.
 func (r *receiver) supervise(ctx context.Context) {
 	defer r.loops.Done()
 	t := time.NewTicker(time.Second)
@@ -425,7 +426,7 @@ func (r *receiver) supervise(ctx context.Context) {
 			err = r.c.checkTopic(cctx, r.rec)
 		}
 		cancel()
-		if errors.Is(err, ErrSubscriptionNotFound) || errors.Is(err, ErrTopicDeleted) {
+		if errors.Is(err, ErrSubscriptionNotFound) || errors.Is(err, ErrTopicDeleted) || errors.Is(err, ErrClosed) {
 			r.fail(err)
 			return
 		}

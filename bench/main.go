@@ -42,6 +42,7 @@ var (
 	cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the adapter runs to this file")
 	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
 	rounds      = flag.Int("rounds", 3, "rounds of baselines and adapter runs (key counts over 256 run in the first only)")
+	burstKeys   = flag.Int("burst", 10_000, "keys in the new-key burst run (0 skips it)")
 )
 
 const project = "bench"
@@ -122,6 +123,9 @@ func main() {
 			median(vsMany), slices.Min(vsMany), slices.Max(vsMany), median(vsOne), slices.Min(vsOne), slices.Max(vsOne))
 	}
 	fmt.Println()
+	if *burstKeys > 0 {
+		b.burst(*burstKeys)
+	}
 	rawLat := b.rawLatency(2000, 3*time.Second)
 	adLat := b.orderedLatency(16, 2000, 3*time.Second)
 	fmt.Printf("latency publish->handler at 2000 msg/s: raw p50 %v p99 %v; adapter (16 keys) p50 %v p99 %v\n",
@@ -175,10 +179,10 @@ func (b *bench) raw(stream string, msgs, maxAckPending int) float64 {
 	b.fill(func(int) string { return subj }, func(int) nats.Header { return nil }, msgs)
 	cons, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: maxAckPending})
 	check(err)
-	var got atomic.Int64
+	var got, first atomic.Int64
 	done := make(chan struct{})
-	start := time.Now()
 	cc, err := cons.Consume(func(m jetstream.Msg) {
+		first.CompareAndSwap(0, time.Now().UnixNano())
 		_ = m.Ack()
 		if got.Add(1) == int64(msgs) {
 			close(done)
@@ -186,9 +190,9 @@ func (b *bench) raw(stream string, msgs, maxAckPending int) float64 {
 	})
 	check(err)
 	<-done
-	el := time.Since(start)
+	rate := float64(msgs-1) / time.Since(time.Unix(0, first.Load())).Seconds()
 	cc.Stop()
-	return float64(msgs) / el.Seconds()
+	return rate
 }
 
 // rawPush times one push consumer with MaxAckPending 1 delivering to a
@@ -200,9 +204,10 @@ func (b *bench) rawPush(stream string, msgs int) float64 {
 	check(err)
 	defer b.js.DeleteStream(ctx, stream)
 	b.fill(func(int) string { return subj }, func(int) nats.Header { return nil }, msgs)
-	var got atomic.Int64
+	var got, first atomic.Int64
 	done := make(chan struct{})
 	sub, err := b.nc.QueueSubscribe("deliver."+stream, "g", func(m *nats.Msg) {
+		first.CompareAndSwap(0, time.Now().UnixNano())
 		_ = m.Ack()
 		if got.Add(1) == int64(msgs) {
 			close(done)
@@ -210,12 +215,63 @@ func (b *bench) rawPush(stream string, msgs int) float64 {
 	})
 	check(err)
 	defer sub.Unsubscribe()
-	start := time.Now()
 	_, err = b.js.CreatePushConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "c", DeliverSubject: "deliver." + stream,
 		DeliverGroup: "g", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1})
 	check(err)
 	<-done
-	return float64(msgs) / time.Since(start).Seconds()
+	return float64(msgs-1) / time.Since(time.Unix(0, first.Load())).Seconds()
+}
+
+// burst publishes one message to each of keys new keys on a live ordered
+// subscription and reports how the key consumers come and go.
+func (b *bench) burst(keys int) {
+	ctx := context.Background()
+	topicID := b.name("burst")
+	topic, err := b.client.CreateTopic(ctx, topicID)
+	check(err)
+	defer topic.Delete(ctx)
+	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	check(err)
+	defer sub.Delete(ctx)
+	var got atomic.Int64
+	done := make(chan struct{})
+	rctx, cancel := context.WithCancel(ctx)
+	recvDone := make(chan error, 1)
+	go func() {
+		recvDone <- sub.Receive(rctx, func(_ context.Context, m *adapter.Message) {
+			m.Ack()
+			if got.Add(1) == int64(keys) {
+				close(done)
+			}
+		})
+	}()
+	start := time.Now()
+	b.fill(func(i int) string { return keyrouter.KeyedSubject(project, topicID, "device-"+strconv.Itoa(i)) },
+		func(i int) nats.Header { return nats.Header{"Jetorder-Ordering-Key": {"device-" + strconv.Itoa(i)}} }, keys)
+	peak := 0
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			waiting = false
+		case <-time.After(250 * time.Millisecond):
+			peak = max(peak, b.keyConsumers(topicID, sub.ID()))
+		}
+	}
+	delivered := time.Since(start)
+	peak = max(peak, b.keyConsumers(topicID, sub.ID()))
+	memAtPeak := rss()
+	idleStart := time.Now()
+	left := 0
+	for time.Since(idleStart) < 3*time.Minute {
+		if left = b.keyConsumers(topicID, sub.ID()); left == 0 {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	cancel()
+	check(<-recvDone)
+	fmt.Printf("burst of %d new keys, one message each: all delivered in %v (%.0f keys/s); key consumers: peak %d (%s), %d left %v after the last delivery\n",
+		keys, delivered.Round(100*time.Millisecond), float64(keys)/delivered.Seconds(), peak, memAtPeak, left, time.Since(idleStart).Round(100*time.Millisecond))
 }
 
 type orderedResult struct {

@@ -245,6 +245,12 @@ func TestAC008(t *testing.T) {
 		t.Fatalf("rejected publishes stored %d messages", n)
 	}
 	publish(t, topic, "test", strings.Repeat("x", 1024))
+	// An empty key in Go publishes without a key.
+	publish(t, topic, "no key", "")
+	m, err := stream.GetLastMsgForSubject(ctx, keyrouter.UnkeyedSubject(project, "ordered-events"))
+	if err != nil || string(m.Data) != "no key" || m.Header.Get("Jetorder-Ordering-Key") != "" {
+		t.Fatalf("empty-key message not stored unkeyed: %v", err)
+	}
 }
 
 // TestAC009 — AC-009: ordering keys need no opt-in on the topic.

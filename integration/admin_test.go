@@ -83,7 +83,8 @@ func ids[T any](items []T, id func(T) string) string {
 // Bad input gets an error matchable with errors.Is and changes nothing.
 func TestBadInput(t *testing.T) {
 	e := newEnv(t)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 	topic := e.createTopic("topic-1")
 	e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic})
 	tests := []struct {

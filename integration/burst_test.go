@@ -14,7 +14,7 @@ import (
 
 // A burst of many keys, one message each: every message is delivered, and
 // once the keys go idle their consumers are removed again. (make bench runs
-// the same with 10,000 keys.)
+// the same burst with 10,000 keys.)
 func TestKeyBurstConsumersFallBack(t *testing.T) {
 	const keys = 2000
 	e := newEnv(t, adapter.WithIdleTimeout(500*time.Millisecond))

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -33,6 +34,9 @@ func TestClusterR3OrderedDelivery(t *testing.T) {
 	// The cluster may still be settling its JetStream placement.
 	testutil.Eventually(t, 30*time.Second, func() bool {
 		topic, err = clients[0].CreateTopic(ctx, "replicated")
+		if errors.Is(err, adapter.ErrTopicExists) { // an earlier try timed out but went through
+			topic, err = clients[0].Topic("replicated"), nil
+		}
 		return err == nil
 	}, "CreateTopic on the cluster: %v", func() error { return err })
 	if _, err := clients[0].CreateSubscription(ctx, "sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 2 * time.Second}); err != nil {
@@ -40,7 +44,7 @@ func TestClusterR3OrderedDelivery(t *testing.T) {
 	}
 	c := ordercheck.New()
 	for _, cl := range clients {
-		startReceive(t, cl.Subscription("sub-1"), checkedHandler(t, c, "sub-1", chaos{nackPct: 5}))
+		startReceive(t, cl.Subscription("sub-1"), checkedHandler(c, "sub-1", chaos{nackPct: 5}))
 	}
 	publishChecked(t, topic, c, 8, 20, 1, 0)
 	testutil.Eventually(t, 60*time.Second, func() bool { return c.Complete("sub-1") }, "not acked: %s", func() string { return c.Missing("sub-1") })

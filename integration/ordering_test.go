@@ -23,11 +23,11 @@ type chaos struct {
 // checkedHandler feeds every delivery to the checker and then acks, nacks
 // or lets the deadline pass, as chaos says. The checker hears of an ack or
 // nack before the server does, so a next delivery can never overtake it.
-func checkedHandler(t *testing.T, c *ordercheck.Checker, sub string, ch chaos) func(context.Context, *adapter.Message) {
+func checkedHandler(c *ordercheck.Checker, sub string, ch chaos) func(context.Context, *adapter.Message) {
 	return func(_ context.Context, m *adapter.Message) {
 		key, idx, err := ordercheck.Decode(m.Data)
 		if err != nil || key != m.OrderingKey {
-			t.Errorf("%s: undecodable delivery %q (key %q): %v", sub, m.Data, m.OrderingKey, err)
+			c.Fail("%s: undecodable delivery %q (key %q): %v", sub, m.Data, m.OrderingKey, err)
 			m.Ack()
 			return
 		}
@@ -115,10 +115,10 @@ func TestOrderingChecker(t *testing.T) {
 
 	c := ordercheck.New()
 	ch := chaos{nackPct: 5, expirePct: 2}
-	startReceive(t, subA, checkedHandler(t, c, "sub-a", ch))
+	startReceive(t, subA, checkedHandler(c, "sub-a", ch))
 	_, client2 := e.connect(opts...)
-	startReceive(t, client2.Subscription("sub-a"), checkedHandler(t, c, "sub-a", ch))
-	startReceive(t, subB, checkedHandler(t, c, "sub-b", ch))
+	startReceive(t, client2.Subscription("sub-a"), checkedHandler(c, "sub-a", ch))
+	startReceive(t, subB, checkedHandler(c, "sub-b", ch))
 
 	const keys, msgs = 40, 60
 	publishChecked(t, topic, c, keys, msgs, 3, 900*time.Millisecond)
@@ -144,7 +144,7 @@ func TestRetireRaceLosesNothing(t *testing.T) {
 	topic := e.createTopic("churn")
 	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
 	c := ordercheck.New()
-	startReceive(t, sub, checkedHandler(t, c, "sub-1", chaos{}))
+	startReceive(t, sub, checkedHandler(c, "sub-1", chaos{}))
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	sawRetired := make(chan struct{}, 1)

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,14 +29,33 @@ func TestTwoReceiversOwnerHandOver(t *testing.T) {
 	ch := chaos{nackPct: 5}
 	_, c1 := e.connect(opts...)
 	_, c2 := e.connect(opts...)
-	first := startReceive(t, c1.Subscription("shared"), checkedHandler(t, c, "shared", ch))
-	startReceive(t, c2.Subscription("shared"), checkedHandler(t, c, "shared", ch))
+	first := startReceive(t, c1.Subscription("shared"), checkedHandler(c, "shared", ch))
+	// The first client takes the lease before the second starts, so
+	// stopping it really hands discovery over.
+	leases, err := jetstreamOf(t, e).KeyValue(context.Background(), "JO_LEASES")
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		if leases == nil {
+			leases, err = jetstreamOf(t, e).KeyValue(context.Background(), "JO_LEASES")
+			return false
+		}
+		_, err = leases.Get(context.Background(), keyrouter.KVKey(project, "shared"))
+		return err == nil
+	}, "first client never took the lease: %v", func() error { return err })
+	firstOwner, err := leases.Get(context.Background(), keyrouter.KVKey(project, "shared"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startReceive(t, c2.Subscription("shared"), checkedHandler(c, "shared", ch))
 
 	publishChecked(t, topic, c, 20, 20, 1, 0)
 	testutil.Eventually(t, 30*time.Second, func() bool { return c.Complete("shared") }, "first half: %s", func() string { return c.Missing("shared") })
 	if err := first.stop(); err != nil {
 		t.Fatalf("Receive returned %v on cancel, want nil", err)
 	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		e, err := leases.Get(context.Background(), keyrouter.KVKey(project, "shared"))
+		return err == nil && string(e.Value()) != string(firstOwner.Value())
+	}, "the second client never took the lease over")
 	// New keys after the hand-over need discovery by the remaining client.
 	for k := range 20 {
 		key := fmt.Sprintf("later-%d", k)
@@ -55,12 +75,16 @@ func TestNackRedeliversBeforeNewer(t *testing.T) {
 	topic := e.createTopic("nacks")
 	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
 	var got recorder
-	seen := map[string]bool{} // only touched by one handler at a time: one key
+	var mu sync.Mutex
+	seen := map[string]bool{}
 	startReceive(t, sub, func(_ context.Context, m *adapter.Message) {
 		s := string(m.Data)
 		got.add(fmt.Sprintf("%s#%d", s, m.DeliveryAttempt))
-		if !seen[s] {
-			seen[s] = true
+		mu.Lock()
+		first := !seen[s]
+		seen[s] = true
+		mu.Unlock()
+		if first {
 			m.Nack()
 			return
 		}
@@ -142,7 +166,9 @@ func TestDeleteTopicWhileReceiving(t *testing.T) {
 	}
 	// A new topic of the same name does not revive the old subscription.
 	e.createTopic("doomed")
-	if err := sub.Receive(context.Background(), func(context.Context, *adapter.Message) {}); !errors.Is(err, adapter.ErrTopicDeleted) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := sub.Receive(ctx, func(context.Context, *adapter.Message) {}); !errors.Is(err, adapter.ErrTopicDeleted) {
 		t.Fatalf("Receive on a detached subscription = %v, want ErrTopicDeleted", err)
 	}
 }
@@ -168,13 +194,17 @@ func TestUnorderedSubscriptionDeliversEverything(t *testing.T) {
 	topic := e.createTopic("plain")
 	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic})
 	c := ordercheck.New()
-	var n atomic.Int32
+	var mu sync.Mutex
+	acked := map[string]bool{} // distinct messages: a duplicate cannot hide a loss
 	startReceive(t, sub, func(_ context.Context, m *adapter.Message) {
-		n.Add(1)
+		mu.Lock()
+		acked[string(m.Data)] = true
+		mu.Unlock()
 		m.Ack()
 	})
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
 	publishChecked(t, topic, c, 5, 20, 1, 0)
-	testutil.Eventually(t, 10*time.Second, func() bool { return n.Load() == 6*20 }, "%d of 120 delivered", n.Load)
+	testutil.Eventually(t, 10*time.Second, func() bool { return count() == 6*20 }, "%d of 120 distinct messages delivered", count)
 }
 
 func TestMessageFieldsRoundTrip(t *testing.T) {

@@ -9,7 +9,7 @@
 //	unkeyed message   jetorder.<P>.<T>.u
 //	consumers         <P>__<S>_u (unkeyed), <P>__<S>_k_<hash(token)> (per key),
 //	                  <P>__<S>_all (a subscription without ordering)
-//	delivery subject  _jetorder.deliver.<P>.<S>     (push consumers deliver here)
+//	delivery subject  _jetorder.deliver.<P>.<P>__<S> (push consumers deliver here)
 //
 // <P>, <T> and <S> are the ids with every byte outside [A-Za-z0-9-] written
 // as _XX (upper-case hex), so they contain no '.', '*', '>' or '__' and the

@@ -30,7 +30,7 @@ type Config struct {
 	// NoListen, when true, does not open a client port at all: clients reach
 	// the server through InProcessConn only.
 	NoListen bool
-	// ServerName defaults to a name derived from the port.
+	// ServerName names the node; nats-server picks one if empty.
 	ServerName string
 	// ReadyTimeout bounds start-up; default 10s.
 	ReadyTimeout time.Duration

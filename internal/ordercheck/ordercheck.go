@@ -100,6 +100,14 @@ func (c *Checker) violate(format string, args ...any) {
 	}
 }
 
+// Fail records a violation found outside the checker (a handler, say), so
+// handlers need not report from their own goroutines.
+func (c *Checker) Fail(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.violate(format, args...)
+}
+
 // Delivered records that a handler of sub received key's message index.
 func (c *Checker) Delivered(sub, key string, index int) {
 	c.mu.Lock()
