@@ -234,13 +234,8 @@ func (b *bench) rawPush(stream string, msgs int) float64 {
 // subscription and reports how the key consumers come and go.
 func (b *bench) burst(keys int) {
 	ctx := context.Background()
-	topicID := b.name("burst")
-	topic, err := b.client.CreateTopic(ctx, topicID)
-	check(err)
-	defer topic.Delete(ctx)
-	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
-	check(err)
-	defer sub.Delete(ctx)
+	topicID, _, sub, cleanup := b.orderedTopic("burst")
+	defer cleanup()
 	var got atomic.Int64
 	done := make(chan struct{})
 	rctx, cancel := context.WithCancel(ctx)
@@ -268,18 +263,38 @@ func (b *bench) burst(keys int) {
 	delivered := time.Since(start)
 	peak = max(peak, b.keyConsumers(topicID, sub.ID()))
 	memAtPeak := rss()
-	idleStart := time.Now()
-	left := 0
-	for time.Since(idleStart) < 3*time.Minute {
-		if left = b.keyConsumers(topicID, sub.ID()); left == 0 {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	left, idle := b.waitRetired(topicID, sub.ID(), 3*time.Minute)
 	cancel()
 	check(<-recvDone)
 	fmt.Printf("burst of %d new keys, one message each: all delivered in %v (%.0f keys/s); key consumers: peak %d (%s), %d left %v after the last delivery\n",
-		keys, delivered.Round(100*time.Millisecond), float64(keys)/delivered.Seconds(), peak, memAtPeak, left, time.Since(idleStart).Round(100*time.Millisecond))
+		keys, delivered.Round(100*time.Millisecond), float64(keys)/delivered.Seconds(), peak, memAtPeak, left, idle.Round(100*time.Millisecond))
+}
+
+// orderedTopic creates a topic and an ordered subscription to it; cleanup
+// deletes both.
+func (b *bench) orderedTopic(prefix string) (string, *adapter.Topic, *adapter.Subscription, func()) {
+	ctx := context.Background()
+	topicID := b.name(prefix)
+	topic, err := b.client.CreateTopic(ctx, topicID)
+	check(err)
+	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	check(err)
+	return topicID, topic, sub, func() {
+		_ = sub.Delete(ctx)
+		_ = topic.Delete(ctx)
+	}
+}
+
+// waitRetired polls until the subscription has no key consumers (or limit
+// passes) and returns how many are left and how long it waited.
+func (b *bench) waitRetired(topicID, subID string, limit time.Duration) (int, time.Duration) {
+	start := time.Now()
+	left := b.keyConsumers(topicID, subID)
+	for left > 0 && time.Since(start) < limit {
+		time.Sleep(100 * time.Millisecond)
+		left = b.keyConsumers(topicID, subID)
+	}
+	return left, time.Since(start)
 }
 
 type orderedResult struct {
@@ -293,13 +308,8 @@ type orderedResult struct {
 // ordered subscription, then waits for the key consumers to be retired.
 func (b *bench) ordered(keys, msgs int) orderedResult {
 	ctx := context.Background()
-	topicID := b.name("ordered")
-	topic, err := b.client.CreateTopic(ctx, topicID)
-	check(err)
-	defer topic.Delete(ctx)
-	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
-	check(err)
-	defer sub.Delete(ctx)
+	topicID, _, sub, cleanup := b.orderedTopic("ordered")
+	defer cleanup()
 	keyNames := make([]string, keys)
 	subjects := make([]string, keys)
 	for k := range keys {
@@ -335,14 +345,7 @@ func (b *bench) ordered(keys, msgs int) orderedResult {
 		startup:        firstAt.Sub(start),
 		consumersAtEnd: b.keyConsumers(topicID, sub.ID()),
 	}
-	idleStart := time.Now()
-	for time.Since(idleStart) < 2*time.Minute {
-		if res.consumersAfterIdle = b.keyConsumers(topicID, sub.ID()); res.consumersAfterIdle == 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	res.idleWait = time.Since(idleStart)
+	res.consumersAfterIdle, res.idleWait = b.waitRetired(topicID, sub.ID(), 2*time.Minute)
 	cancel()
 	check(<-recvDone)
 	return res
@@ -441,13 +444,8 @@ func (b *bench) rawLatency(rate int, dur time.Duration) latency {
 
 func (b *bench) orderedLatency(keys, rate int, dur time.Duration) latency {
 	ctx := context.Background()
-	topicID := b.name("lat")
-	topic, err := b.client.CreateTopic(ctx, topicID)
-	check(err)
-	defer topic.Delete(ctx)
-	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
-	check(err)
-	defer sub.Delete(ctx)
+	topicID, topic, sub, cleanup := b.orderedTopic("lat")
+	defer cleanup()
 	var c collector
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
