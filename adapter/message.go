@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetorder/jetorder/keyrouter"
@@ -29,6 +30,29 @@ type Message struct {
 	// DeliveryAttempt counts deliveries of this message to the subscription,
 	// starting at 1 (delivery only).
 	DeliveryAttempt int
+
+	// The RSB event model (docs/WIRE.md). Publish does not modify the
+	// message: it fills these in on the wire, and delivery reads them back.
+
+	// SenderID is the publisher's id (delivery only).
+	SenderID uuid.UUID
+	// SequenceNumber is the publisher's 32-bit sequence number of the
+	// message; ID is derived from it and SenderID (delivery only).
+	SequenceNumber uint32
+	// CreateTime is when the application created the message; Publish uses
+	// the time of the Publish call when it is zero.
+	CreateTime time.Time
+	// SendTime is when the publisher sent the message (delivery only).
+	SendTime time.Time
+	// ReceiveTime is when the receiving process got the message, and
+	// DeliverTime when it was handed to the handler (delivery only).
+	ReceiveTime, DeliverTime time.Time
+	// UserTimes and UserInfos are the application's own timestamps and
+	// key/value options; Causes are the ids of the messages that caused
+	// this one.
+	UserTimes map[string]time.Time
+	UserInfos map[string]string
+	Causes    []uuid.UUID
 
 	d *delivery
 }
@@ -102,6 +126,7 @@ func readHeaders(h nats.Header, m *Message) {
 		}
 	}
 	m.ID = h.Get(headerNatsMsgID)
+	readMetadata(h, m)
 	for name, vals := range h {
 		if !strings.HasPrefix(name, headerAttrPrefix) || len(vals) == 0 {
 			continue

@@ -278,6 +278,7 @@ func (r *receiver) onMsg(m *nats.Msg) {
 		Data:            m.Data,
 		PublishTime:     meta.Timestamp,
 		DeliveryAttempt: int(meta.NumDelivered),
+		ReceiveTime:     now.UTC(),
 	}
 	readHeaders(m.Header, msg)
 	d := &delivery{r: r, key: k, reply: m.Reply, msg: msg, arrived: now, lastExtend: now}
@@ -367,6 +368,7 @@ func (r *receiver) handle(d *delivery) {
 			r.fail(fmt.Errorf("%w: %v (message %s, ordering key %q)", ErrHandlerPanic, p, d.msg.ID, d.msg.OrderingKey))
 		}
 	}()
+	d.msg.DeliverTime = time.Now().UTC()
 	r.handler(r.hctx, d.msg)
 	d.abandon()
 }

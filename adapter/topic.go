@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -37,6 +38,37 @@ type Topic struct {
 	project string
 	id      string
 	stream  string
+
+	// PublishSettings tune this handle's publishing; set them before the
+	// first Publish.
+	PublishSettings PublishSettings
+
+	seqOnce sync.Once
+	seq     *sequencer
+}
+
+// PublishSettings tune a Topic handle's publishing. Each handle is one RSB
+// publisher: its messages carry its sender id and consecutive sequence
+// numbers.
+type PublishSettings struct {
+	// SenderID identifies the publisher; the zero UUID means a random one,
+	// chosen at the first Publish.
+	SenderID uuid.UUID
+	// FirstSequence is the sequence number of the first message: 0 for a
+	// new publisher, or where a restarted one left off. Numbers wrap to 0
+	// after 4294967295.
+	FirstSequence uint32
+}
+
+func (t *Topic) sequencer() *sequencer {
+	t.seqOnce.Do(func() {
+		sender := t.PublishSettings.SenderID
+		if sender == uuid.Nil {
+			sender = uuid.New()
+		}
+		t.seq = &sequencer{sender: sender, next: t.PublishSettings.FirstSequence}
+	})
+	return t.seq
 }
 
 // Topic returns a handle on the topic id of the client's project.
@@ -276,12 +308,21 @@ func (t *Topic) encode(msg *Message) (*nats.Msg, string, error) {
 	if err := validateAttributes(msg.Attributes); err != nil {
 		return nil, "", err
 	}
+	if err := validateMetadata(msg); err != nil {
+		return nil, "", err
+	}
 	if max := t.c.nc.MaxPayload(); max > 0 && int64(len(msg.Data)) > max-16*1024 {
 		return nil, "", fmt.Errorf("%w: data of %d bytes exceeds the server's limit of %d", ErrInvalidMessage, len(msg.Data), max-16*1024)
 	}
-	id := uuid.NewString()
+	now := time.Now()
+	created := msg.CreateTime
+	if created.IsZero() {
+		created = now
+	}
+	sender, seq := t.sequencer().take()
 	m := nats.NewMsg(subject)
 	m.Data = msg.Data
 	writeHeaders(m.Header, msg)
-	return m, id, nil
+	writeMetadata(m.Header, msg, sender, seq, created, now)
+	return m, MessageID(sender, seq), nil
 }

@@ -1,0 +1,152 @@
+package adapter
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// MessageID is the RSB event id of the message with sequence number seq
+// from the publisher sender: UUID v5 with sender as namespace and the
+// 8-digit lower-case hex of seq as name. The id doubles as Nats-Msg-Id, so a
+// retried publish is stored once.
+func MessageID(sender uuid.UUID, seq uint32) string {
+	return uuid.NewSHA1(sender, []byte(fmt.Sprintf("%08x", seq))).String()
+}
+
+// sequencer hands out a publisher's 32-bit sequence numbers: 0, 1, ...,
+// 4294967295, then 0 again.
+type sequencer struct {
+	mu     sync.Mutex
+	sender uuid.UUID
+	next   uint32
+}
+
+func (s *sequencer) take() (uuid.UUID, uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seq := s.next
+	s.next++ // uint32 arithmetic wraps to 0 after 4294967295
+	return s.sender, seq
+}
+
+// RSB metadata headers (docs/WIRE.md).
+const (
+	headerSenderID     = "Jetorder-Sender-Id"
+	headerSequence     = "Jetorder-Sequence"
+	headerCreateTime   = "Jetorder-Create-Time"
+	headerSendTime     = "Jetorder-Send-Time"
+	headerCause        = "Jetorder-Cause"
+	headerUserTimePfx  = "Jetorder-User-Time-"
+	headerUserInfoPfx  = "Jetorder-User-Info-"
+	rsbTimeLayout      = "2006-01-02T15:04:05.000000Z07:00"
+	maxCauses          = 100
+	maxUserMetaEntries = 100
+)
+
+// formatTime writes t in UTC with microsecond precision, as RSB stores times.
+func formatTime(t time.Time) string { return t.UTC().Truncate(time.Microsecond).Format(rsbTimeLayout) }
+
+func parseTime(s string) (time.Time, bool) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	return t.UTC(), err == nil
+}
+
+// validateMetadata checks what the application set of the RSB metadata.
+func validateMetadata(msg *Message) error {
+	if len(msg.Causes) > maxCauses {
+		return fmt.Errorf("%w: %d causes, at most %d", ErrInvalidMessage, len(msg.Causes), maxCauses)
+	}
+	if len(msg.UserTimes) > maxUserMetaEntries || len(msg.UserInfos) > maxUserMetaEntries {
+		return fmt.Errorf("%w: more than %d user times or user infos", ErrInvalidMessage, maxUserMetaEntries)
+	}
+	for k := range msg.UserTimes {
+		if k == "" || len(k) > maxAttrKeyBytes {
+			return fmt.Errorf("%w: user time key %.32q must be 1-%d bytes", ErrInvalidMessage, k, maxAttrKeyBytes)
+		}
+	}
+	for k, v := range msg.UserInfos {
+		if k == "" || len(k) > maxAttrKeyBytes || len(v) > maxAttrValueBytes {
+			return fmt.Errorf("%w: user info %.32q: key must be 1-%d bytes, value at most %d", ErrInvalidMessage, k, maxAttrKeyBytes, maxAttrValueBytes)
+		}
+	}
+	return nil
+}
+
+// writeMetadata puts the RSB identity and metadata into h.
+func writeMetadata(h nats.Header, msg *Message, sender uuid.UUID, seq uint32, created, sent time.Time) {
+	h[headerSenderID] = []string{sender.String()}
+	h[headerSequence] = []string{strconv.FormatUint(uint64(seq), 10)}
+	h[headerCreateTime] = []string{formatTime(created)}
+	h[headerSendTime] = []string{formatTime(sent)}
+	if len(msg.Causes) > 0 {
+		ids := make([]string, len(msg.Causes))
+		for i, c := range msg.Causes {
+			ids[i] = c.String()
+		}
+		h[headerCause] = []string{strings.Join(ids, ",")}
+	}
+	for k, t := range msg.UserTimes {
+		h[headerUserTimePfx+encodeHeaderName(k)] = []string{formatTime(t)}
+	}
+	for k, v := range msg.UserInfos {
+		h[headerUserInfoPfx+encodeHeaderName(k)] = []string{keyrouter.EncodeKey(v)}
+	}
+}
+
+// readMetadata fills m's RSB fields from h. Values it cannot parse are left
+// at their zero values: a header another writer garbled is not an error of
+// the delivery.
+func readMetadata(h nats.Header, m *Message) {
+	if id, err := uuid.Parse(h.Get(headerSenderID)); err == nil {
+		m.SenderID = id
+	}
+	if seq, err := strconv.ParseUint(h.Get(headerSequence), 10, 32); err == nil {
+		m.SequenceNumber = uint32(seq)
+	}
+	if t, ok := parseTime(h.Get(headerCreateTime)); ok {
+		m.CreateTime = t
+	}
+	if t, ok := parseTime(h.Get(headerSendTime)); ok {
+		m.SendTime = t
+	}
+	if v := h.Get(headerCause); v != "" {
+		for _, s := range strings.Split(v, ",") {
+			if id, err := uuid.Parse(strings.TrimSpace(s)); err == nil {
+				m.Causes = append(m.Causes, id)
+			}
+		}
+	}
+	for name, vals := range h {
+		if len(vals) == 0 {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(name, headerUserTimePfx):
+			k, err := keyrouter.DecodeKey(name[len(headerUserTimePfx):])
+			t, ok := parseTime(vals[0])
+			if err == nil && ok {
+				if m.UserTimes == nil {
+					m.UserTimes = make(map[string]time.Time)
+				}
+				m.UserTimes[k] = t
+			}
+		case strings.HasPrefix(name, headerUserInfoPfx):
+			k, err1 := keyrouter.DecodeKey(name[len(headerUserInfoPfx):])
+			v, err2 := keyrouter.DecodeKey(vals[0])
+			if err1 == nil && err2 == nil {
+				if m.UserInfos == nil {
+					m.UserInfos = make(map[string]string)
+				}
+				m.UserInfos[k] = v
+			}
+		}
+	}
+}
