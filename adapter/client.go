@@ -127,7 +127,11 @@ func NewClient(nc *nats.Conn, project string, opts ...Option) (*Client, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(cfg.apiTimeout))
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(cfg.apiTimeout),
+		// An ack that does not come is retried (same message id, so stored
+		// once) rather than waited for forever.
+		jetstream.WithPublishAsyncTimeout(5*time.Second),
+		jetstream.WithPublishAsyncMaxPending(4096))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}

@@ -80,12 +80,22 @@ func validateMetadata(msg *Message) error {
 	return nil
 }
 
-// writeMetadata puts the RSB identity and metadata into h.
-func writeMetadata(h nats.Header, msg *Message, sender uuid.UUID, seq uint32, created, sent time.Time) {
+// writeIdentity stamps a message with its publisher's id and sequence
+// number and returns its message id, which is also its Nats-Msg-Id.
+func writeIdentity(h nats.Header, sender uuid.UUID, seq uint32) string {
+	id := MessageID(sender, seq)
 	h[headerSenderID] = []string{sender.String()}
 	h[headerSequence] = []string{strconv.FormatUint(uint64(seq), 10)}
+	h[headerNatsMsgID] = []string{id}
+	return id
+}
+
+// writeSendTime stamps the time a message goes on the wire.
+func writeSendTime(h nats.Header, sent time.Time) { h[headerSendTime] = []string{formatTime(sent)} }
+
+// writeMetadata puts the application's RSB metadata into h.
+func writeMetadata(h nats.Header, msg *Message, created time.Time) {
 	h[headerCreateTime] = []string{formatTime(created)}
-	h[headerSendTime] = []string{formatTime(sent)}
 	if len(msg.Causes) > 0 {
 		ids := make([]string, len(msg.Causes))
 		for i, c := range msg.Causes {

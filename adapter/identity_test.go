@@ -52,7 +52,12 @@ func TestMetadataRoundTrip(t *testing.T) {
 		Causes:    []uuid.UUID{cause},
 	}
 	h := nats.Header{}
-	writeMetadata(h, in, sender, 4294967295, created, sent)
+	writeMetadata(h, in, created)
+	id := writeIdentity(h, sender, 4294967295)
+	writeSendTime(h, sent)
+	if id != MessageID(sender, 4294967295) || h.Get("Nats-Msg-Id") != id {
+		t.Fatalf("identity: id %s, Nats-Msg-Id %s", id, h.Get("Nats-Msg-Id"))
+	}
 	if got := h.Get(headerCreateTime); got != "2026-11-21T09:00:00.123456Z" {
 		t.Fatalf("create time written as %q, want UTC with microseconds", got)
 	}

@@ -43,13 +43,13 @@ type Topic struct {
 	// first Publish.
 	PublishSettings PublishSettings
 
-	seqOnce sync.Once
-	seq     *sequencer
+	pubOnce sync.Once
+	pub     *publisher
 }
 
 // PublishSettings tune a Topic handle's publishing. Each handle is one RSB
 // publisher: its messages carry its sender id and consecutive sequence
-// numbers.
+// numbers. Zero values mean the defaults.
 type PublishSettings struct {
 	// SenderID identifies the publisher; the zero UUID means a random one,
 	// chosen at the first Publish.
@@ -58,17 +58,33 @@ type PublishSettings struct {
 	// new publisher, or where a restarted one left off. Numbers wrap to 0
 	// after 4294967295.
 	FirstSequence uint32
+
+	// A key's messages are sent as a batch once CountThreshold messages or
+	// ByteThreshold bytes are waiting, or DelayThreshold after the first
+	// (defaults 100, 1 MiB, 10ms). Each key, and the unkeyed messages, have
+	// their own batch.
+	DelayThreshold time.Duration
+	CountThreshold int
+	ByteThreshold  int
+	// Timeout bounds how long a message is retried after transient
+	// failures before it fails for good (default 60s).
+	Timeout time.Duration
+	// FlowControlSettings bound what is outstanding between Publish and
+	// the results.
+	FlowControlSettings FlowControlSettings
 }
 
-func (t *Topic) sequencer() *sequencer {
-	t.seqOnce.Do(func() {
-		sender := t.PublishSettings.SenderID
-		if sender == uuid.Nil {
-			sender = uuid.New()
-		}
-		t.seq = &sequencer{sender: sender, next: t.PublishSettings.FirstSequence}
-	})
-	return t.seq
+// FlowControlSettings bound a publisher's outstanding messages. A negative
+// limit means none; zero means the default (1000 messages, 64 MiB).
+type FlowControlSettings struct {
+	MaxOutstandingMessages int
+	MaxOutstandingBytes    int
+	LimitExceededBehavior  LimitExceededBehavior
+}
+
+func (t *Topic) publisher() *publisher {
+	t.pubOnce.Do(func() { t.pub = newPublisher(t, t.PublishSettings) })
+	return t.pub
 }
 
 // Topic returns a handle on the topic id of the client's project.
@@ -260,25 +276,37 @@ func resolved(id string, err error) *PublishResult {
 	return r
 }
 
-// Publish stores msg in the topic and returns its result. Messages with the
-// same OrderingKey are stored in the order their Publish calls return. An
-// empty OrderingKey publishes without a key. Publish does not modify msg.
+// Publish queues msg for the topic and returns at once; the result's Get
+// yields the message id once the message is stored, or the error. Messages
+// with the same OrderingKey are stored in the order of their Publish calls.
+// An empty OrderingKey publishes without a key. ctx bounds only the wait
+// for flow control. Publish does not modify msg.
 func (t *Topic) Publish(ctx context.Context, msg *Message) *PublishResult {
 	if err := t.c.checkOpen(); err != nil {
 		return resolved("", err)
 	}
-	m, id, err := t.encode(msg)
+	m, err := t.encode(msg)
 	if err != nil {
 		return resolved("", err)
 	}
-	ctx, cancel := t.c.withTimeout(ctx)
-	defer cancel()
-	_, err = t.c.js.PublishMsg(ctx, m, jetstream.WithMsgID(id), jetstream.WithExpectStream(t.stream))
-	if err != nil {
-		return resolved("", t.publishError(err))
-	}
-	return resolved(id, nil)
+	return t.publisher().add(ctx, msg.OrderingKey, m)
 }
+
+// Flush sends every queued message now and waits until each is stored or
+// has failed.
+func (t *Topic) Flush() { t.publisher().flush() }
+
+// Stop flushes and refuses later publishes with ErrTopicStopped.
+func (t *Topic) Stop() {
+	p := t.publisher()
+	p.mu.Lock()
+	p.stopped = true
+	p.mu.Unlock()
+	p.flush()
+}
+
+// ResumePublish resumes publishing for an ordering key paused by a failure.
+func (t *Topic) ResumePublish(key string) { t.publisher().resume(key) }
 
 func (t *Topic) publishError(err error) error {
 	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
@@ -287,42 +315,41 @@ func (t *Topic) publishError(err error) error {
 	return fmt.Errorf("publish to %s: %w", t, err)
 }
 
-// encode validates msg and turns it into a NATS message on the right subject.
-func (t *Topic) encode(msg *Message) (*nats.Msg, string, error) {
+// encode validates msg and turns it into a NATS message on the right
+// subject; the publisher adds the identity headers when it queues it.
+func (t *Topic) encode(msg *Message) (*nats.Msg, error) {
 	if msg == nil {
-		return nil, "", fmt.Errorf("%w: nil message", ErrInvalidMessage)
+		return nil, fmt.Errorf("%w: nil message", ErrInvalidMessage)
 	}
 	if err := keyrouter.ValidateTopicID(t.id); err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	if err := keyrouter.ValidateProjectID(t.project); err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	subject := keyrouter.UnkeyedSubject(t.project, t.id)
 	if msg.OrderingKey != "" {
 		if err := keyrouter.ValidateOrderingKey(msg.OrderingKey); err != nil {
-			return nil, "", err
+			return nil, err
 		}
 		subject = keyrouter.KeyedSubject(t.project, t.id, msg.OrderingKey)
 	}
 	if err := validateAttributes(msg.Attributes); err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	if err := validateMetadata(msg); err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	if max := t.c.nc.MaxPayload(); max > 0 && int64(len(msg.Data)) > max-16*1024 {
-		return nil, "", fmt.Errorf("%w: data of %d bytes exceeds the server's limit of %d", ErrInvalidMessage, len(msg.Data), max-16*1024)
+		return nil, fmt.Errorf("%w: data of %d bytes exceeds the server's limit of %d", ErrInvalidMessage, len(msg.Data), max-16*1024)
 	}
-	now := time.Now()
 	created := msg.CreateTime
 	if created.IsZero() {
-		created = now
+		created = time.Now()
 	}
-	sender, seq := t.sequencer().take()
 	m := nats.NewMsg(subject)
 	m.Data = msg.Data
 	writeHeaders(m.Header, msg)
-	writeMetadata(m.Header, msg, sender, seq, created, now)
-	return m, MessageID(sender, seq), nil
+	writeMetadata(m.Header, msg, created)
+	return m, nil
 }

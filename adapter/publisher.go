@@ -1,0 +1,426 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Publisher errors.
+var (
+	// ErrPublishingPaused is returned for messages of an ordering key whose
+	// publishing is paused: an earlier message of the key failed for good,
+	// and storing later ones would break the key's order. ResumePublish
+	// resumes the key.
+	ErrPublishingPaused = errors.New("publishing paused for ordering key")
+	// ErrTopicStopped is returned by Publish after Topic.Stop.
+	ErrTopicStopped = errors.New("topic stopped for publishing")
+	// ErrFlowControlLimit is returned by Publish when the outstanding
+	// messages or bytes are at their limit and the limit is set to fail
+	// rather than block.
+	ErrFlowControlLimit = errors.New("publish flow control limit reached")
+)
+
+// LimitExceededBehavior says what Publish does when flow control limits are
+// reached.
+type LimitExceededBehavior int
+
+const (
+	// FlowControlBlock makes Publish wait (until its context ends) for
+	// outstanding messages to complete.
+	FlowControlBlock LimitExceededBehavior = iota
+	// FlowControlSignalError makes Publish fail at once with
+	// ErrFlowControlLimit.
+	FlowControlSignalError
+)
+
+// Defaults of the batching and flow control settings.
+const (
+	DefaultDelayThreshold         = 10 * time.Millisecond
+	DefaultCountThreshold         = 100
+	DefaultByteThreshold          = 1 << 20
+	DefaultMaxOutstandingMessages = 1000
+	DefaultMaxOutstandingBytes    = 64 << 20
+	DefaultPublishTimeout         = 60 * time.Second
+)
+
+// publisher batches a Topic handle's messages per ordering key and sends
+// each key's batches one at a time, in Publish order. Within a batch the
+// messages are pipelined (asynchronous publish on one connection, which the
+// server stores in order). A batch whose failures form a suffix (every
+// message after the first failure failed too) is retried from the first
+// failure, still in order, with the same message ids, so JetStream's
+// de-duplication stores each message once. Any other failure pattern, or a
+// permanent error, pauses the key.
+type publisher struct {
+	t   *Topic
+	cfg PublishSettings
+	seq sequencer // guarded by mu: sequence numbers follow queue order
+
+	mu      sync.Mutex
+	keys    map[string]*keyQueue
+	stopped bool
+	idle    *sync.Cond // signalled when a key queue drains
+
+	flow *flowController
+}
+
+type keyQueue struct {
+	key      string
+	pending  []*pubItem
+	bytes    int
+	inFlight bool
+	paused   error // non-nil: the failure that paused the key
+	timer    *time.Timer
+}
+
+type pubItem struct {
+	msg    *nats.Msg
+	id     string
+	size   int
+	result *PublishResult
+}
+
+func newPublisher(t *Topic, cfg PublishSettings) *publisher {
+	if cfg.DelayThreshold <= 0 {
+		cfg.DelayThreshold = DefaultDelayThreshold
+	}
+	if cfg.CountThreshold <= 0 {
+		cfg.CountThreshold = DefaultCountThreshold
+	}
+	if cfg.ByteThreshold <= 0 {
+		cfg.ByteThreshold = DefaultByteThreshold
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultPublishTimeout
+	}
+	fc := cfg.FlowControlSettings
+	if fc.MaxOutstandingMessages == 0 {
+		fc.MaxOutstandingMessages = DefaultMaxOutstandingMessages
+	}
+	if fc.MaxOutstandingBytes == 0 {
+		fc.MaxOutstandingBytes = DefaultMaxOutstandingBytes
+	}
+	sender := cfg.SenderID
+	if sender == uuid.Nil {
+		sender = uuid.New()
+	}
+	p := &publisher{t: t, cfg: cfg, keys: map[string]*keyQueue{}, flow: newFlowController(fc),
+		seq: sequencer{sender: sender, next: cfg.FirstSequence}}
+	p.idle = sync.NewCond(&p.mu)
+	return p
+}
+
+func newResult() *PublishResult { return &PublishResult{done: make(chan struct{})} }
+
+func (r *PublishResult) set(id string, err error) {
+	r.id, r.err = id, err
+	close(r.done)
+}
+
+// add queues an encoded message. It returns once the message is queued (or
+// refused); the result resolves when it is stored or has failed.
+func (p *publisher) add(ctx context.Context, key string, msg *nats.Msg) *PublishResult {
+	res := newResult()
+	size := len(msg.Data) + len(msg.Subject) + 160 // identity headers
+	for k, v := range msg.Header {
+		size += len(k) + len(v[0])
+	}
+	if err := p.flow.acquire(ctx, size); err != nil {
+		res.set("", err)
+		return res
+	}
+	p.mu.Lock()
+	if p.stopped {
+		p.mu.Unlock()
+		p.flow.release(size)
+		res.set("", ErrTopicStopped)
+		return res
+	}
+	q := p.keys[key]
+	if q == nil {
+		q = &keyQueue{key: key}
+		p.keys[key] = q
+	}
+	if q.paused != nil {
+		err := q.paused
+		p.mu.Unlock()
+		p.flow.release(size)
+		res.set("", err)
+		return res
+	}
+	sender, seq := p.seq.take()
+	id := writeIdentity(msg.Header, sender, seq)
+	q.pending = append(q.pending, &pubItem{msg: msg, id: id, size: size, result: res})
+	q.bytes += size
+	p.schedule(q)
+	p.mu.Unlock()
+	return res
+}
+
+// schedule sends q's next batch if it is full, or arms the delay timer.
+// Called with p.mu held.
+func (p *publisher) schedule(q *keyQueue) {
+	if q.inFlight || len(q.pending) == 0 {
+		return
+	}
+	if len(q.pending) >= p.cfg.CountThreshold || q.bytes >= p.cfg.ByteThreshold {
+		p.sendLocked(q)
+		return
+	}
+	if q.timer == nil {
+		q.timer = time.AfterFunc(p.cfg.DelayThreshold, func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			q.timer = nil
+			if !q.inFlight && len(q.pending) > 0 {
+				p.sendLocked(q)
+			}
+		})
+	}
+}
+
+// sendLocked takes one batch off q and sends it. Called with p.mu held.
+func (p *publisher) sendLocked(q *keyQueue) {
+	if q.timer != nil {
+		q.timer.Stop()
+		q.timer = nil
+	}
+	n, bytes := 0, 0
+	for n < len(q.pending) && n < p.cfg.CountThreshold && (n == 0 || bytes+q.pending[n].size <= p.cfg.ByteThreshold) {
+		bytes += q.pending[n].size
+		n++
+	}
+	batch := append([]*pubItem(nil), q.pending[:n]...)
+	q.pending = q.pending[n:]
+	q.bytes -= bytes
+	q.inFlight = true
+	go p.sendBatch(q, batch)
+}
+
+// sendBatch stores batch in order, retrying transient failures, then lets
+// the key's next batch go.
+func (p *publisher) sendBatch(q *keyQueue, batch []*pubItem) {
+	deadline := time.Now().Add(p.cfg.Timeout)
+	backoff := 50 * time.Millisecond
+	for len(batch) > 0 {
+		firstFail, errs := p.pipeline(batch)
+		if firstFail < 0 {
+			p.complete(batch, nil)
+			break
+		}
+		p.complete(batch[:firstFail], nil)
+		batch = batch[firstFail:]
+		err := errs[firstFail]
+		suffix := true
+		for _, e := range errs[firstFail:] {
+			suffix = suffix && e != nil
+		}
+		if suffix && transient(err) && time.Now().Add(backoff).Before(deadline) {
+			p.t.c.cfg.logger.Debug("publish failed; retrying in order", "topic", p.t.id, "key", q.key, "messages", len(batch), "err", err)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		p.fail(q, batch, errs[firstFail:], p.t.publishError(err))
+		return
+	}
+	p.mu.Lock()
+	q.inFlight = false
+	p.schedule(q)
+	p.drainedLocked(q)
+	p.mu.Unlock()
+}
+
+// pipeline publishes batch asynchronously and waits for every ack. It
+// returns the index of the first failure (-1 if none) and each message's
+// error.
+func (p *publisher) pipeline(batch []*pubItem) (int, []error) {
+	futures := make([]jetstream.PubAckFuture, len(batch))
+	errs := make([]error, len(batch))
+	now := time.Now()
+	for i, it := range batch {
+		writeSendTime(it.msg.Header, now)
+		futures[i], errs[i] = p.t.c.js.PublishMsgAsync(it.msg, jetstream.WithExpectStream(p.t.stream))
+	}
+	first := -1
+	for i, f := range futures {
+		if f != nil {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				errs[i] = err
+			}
+		}
+		if errs[i] != nil && first < 0 {
+			first = i
+		}
+	}
+	return first, errs
+}
+
+func (p *publisher) complete(items []*pubItem, err error) {
+	for _, it := range items {
+		p.flow.release(it.size)
+		if err != nil {
+			it.result.set("", err)
+		} else {
+			it.result.set(it.id, nil)
+		}
+	}
+}
+
+// fail ends a batch that cannot be stored in order: its messages fail, and
+// for a keyed batch the key is paused, failing everything queued behind.
+func (p *publisher) fail(q *keyQueue, batch []*pubItem, errs []error, cause error) {
+	for i, it := range batch {
+		err := cause
+		if errs[i] == nil && q.key == "" {
+			p.complete([]*pubItem{it}, nil) // unkeyed: no order to lose
+			continue
+		}
+		if errs[i] == nil {
+			// Stored, but after a message before it failed: its place in
+			// the key's order is already lost, so it is reported as such.
+			err = fmt.Errorf("stored out of order after an earlier message of its key failed: %w", cause)
+		}
+		p.complete([]*pubItem{it}, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	q.inFlight = false
+	if q.key != "" {
+		q.paused = fmt.Errorf("%w %q: %w", ErrPublishingPaused, q.key, cause)
+		pending := q.pending
+		q.pending, q.bytes = nil, 0
+		for _, it := range pending {
+			p.flow.release(it.size)
+			it.result.set("", q.paused)
+		}
+	} else {
+		p.schedule(q)
+	}
+	p.drainedLocked(q)
+}
+
+// drainedLocked forgets an empty, unpaused queue and wakes Flush.
+func (p *publisher) drainedLocked(q *keyQueue) {
+	if !q.inFlight && len(q.pending) == 0 {
+		if q.paused == nil {
+			delete(p.keys, q.key)
+		}
+		p.idle.Broadcast()
+	}
+}
+
+// flush sends everything queued and waits until it is stored or failed.
+func (p *publisher) flush() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, q := range p.keys {
+		if !q.inFlight && len(q.pending) > 0 {
+			p.sendLocked(q)
+		}
+	}
+	for p.busyLocked() {
+		p.idle.Wait()
+	}
+}
+
+func (p *publisher) busyLocked() bool {
+	for _, q := range p.keys {
+		if q.inFlight || len(q.pending) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *publisher) resume(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if q := p.keys[key]; q != nil && q.paused != nil {
+		q.paused = nil
+		p.drainedLocked(q)
+	}
+}
+
+// transient reports whether a publish error may go away by itself.
+func transient(err error) bool {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, nats.ErrConnectionReconnecting),
+		errors.Is(err, jetstream.ErrTooManyStalledMsgs):
+		return true
+	case errors.As(err, &apiErr):
+		return apiErr.Code == 503
+	}
+	return false
+}
+
+// flowController bounds the messages and bytes between Publish and their
+// results.
+type flowController struct {
+	cfg   FlowControlSettings
+	mu    sync.Mutex
+	cond  *sync.Cond
+	msgs  int
+	bytes int
+}
+
+func newFlowController(cfg FlowControlSettings) *flowController {
+	f := &flowController{cfg: cfg}
+	f.cond = sync.NewCond(&f.mu)
+	return f
+}
+
+func (f *flowController) fits(size int) bool {
+	if f.msgs == 0 {
+		return true // one message always goes, however large
+	}
+	return (f.cfg.MaxOutstandingMessages < 0 || f.msgs+1 <= f.cfg.MaxOutstandingMessages) &&
+		(f.cfg.MaxOutstandingBytes < 0 || f.bytes+size <= f.cfg.MaxOutstandingBytes)
+}
+
+func (f *flowController) acquire(ctx context.Context, size int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !f.fits(size) {
+		if f.cfg.LimitExceededBehavior == FlowControlSignalError {
+			return fmt.Errorf("%w: %d messages, %d bytes outstanding", ErrFlowControlLimit, f.msgs, f.bytes)
+		}
+		stop := context.AfterFunc(ctx, func() {
+			f.mu.Lock()
+			f.cond.Broadcast()
+			f.mu.Unlock()
+		})
+		defer stop()
+		for !f.fits(size) {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			f.cond.Wait()
+		}
+	}
+	f.msgs++
+	f.bytes += size
+	return nil
+}
+
+func (f *flowController) release(size int) {
+	f.mu.Lock()
+	f.msgs--
+	f.bytes -= size
+	f.cond.Broadcast()
+	f.mu.Unlock()
+}
