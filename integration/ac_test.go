@@ -261,32 +261,3 @@ func TestAC009(t *testing.T) {
 		t.Fatal("no message id")
 	}
 }
-
-// TestAC010 — AC-010: many concurrent publishes over several keys all succeed with distinct ids.
-func TestAC010(t *testing.T) {
-	e := newEnv(t)
-	topic := e.createTopic("ordered-events")
-	ctx := context.Background()
-	results := make([]*adapter.PublishResult, 20)
-	var wg sync.WaitGroup
-	for i := range 20 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			key := "user-" + string(rune('0'+i%5))
-			results[i] = topic.Publish(ctx, &adapter.Message{Data: []byte("msg"), OrderingKey: key})
-		}()
-	}
-	wg.Wait()
-	ids := map[string]bool{}
-	for i, r := range results {
-		id, err := r.Get(ctx)
-		if err != nil || id == "" {
-			t.Fatalf("message %d: id %q, err %v", i, id, err)
-		}
-		ids[id] = true
-	}
-	if len(ids) != 20 {
-		t.Fatalf("%d distinct ids for 20 messages", len(ids))
-	}
-}

@@ -1,0 +1,231 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// storedOrder reads every message of a topic's stream in stream order and
+// checks, per key, that the checker-encoded indexes are 0, 1, 2, ... with
+// nothing missing or repeated. It returns the number of messages read.
+func storedOrder(t *testing.T, e *env, topicID string, want map[string]int) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := jetstreamOf(t, e).Stream(ctx, keyrouter.StreamName(project, topicID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := int(stream.CachedInfo().State.Msgs)
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Stop()
+	next := map[string]int{}
+	for read := 0; read < total; read++ {
+		m, err := it.Next()
+		if err != nil {
+			t.Fatalf("read message %d of %d: %v", read+1, total, err)
+		}
+		key, idx, err := ordercheck.Decode(m.Data())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if idx != next[key] {
+			t.Fatalf("key %q: stored message %d where %d was due", key, idx, next[key])
+		}
+		next[key]++
+	}
+	for key, n := range want {
+		if next[key] != n {
+			t.Fatalf("key %q: %d messages stored, want %d", key, next[key], n)
+		}
+	}
+	return total
+}
+
+// TestAC010 — AC-010: with batching of 10 messages and 50 ms, 20 messages
+// over 5 keys published without waiting all succeed, each with its own id,
+// and each key's messages are stored in publish order.
+func TestAC010(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("ordered-events")
+	topic.PublishSettings.CountThreshold = 10
+	topic.PublishSettings.DelayThreshold = 50 * time.Millisecond
+	ctx := context.Background()
+	var results []*adapter.PublishResult
+	counts := map[string]int{}
+	for i := range 20 {
+		key := fmt.Sprint("user-", i%5)
+		results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, counts[key]), OrderingKey: key}))
+		counts[key]++
+	}
+	ids := map[string]bool{}
+	for i, r := range results {
+		id, err := r.Get(ctx)
+		if err != nil || id == "" {
+			t.Fatalf("message %d: %q, %v", i, id, err)
+		}
+		ids[id] = true
+	}
+	if len(ids) != 20 {
+		t.Fatalf("%d distinct ids for 20 messages", len(ids))
+	}
+	storedOrder(t, e, "ordered-events", counts)
+}
+
+// 64 goroutines publish over 100 keys without waiting for results; each key
+// belongs to one goroutine, so its Publish calls have an order, and the
+// stream must hold every key's messages in that order, once each.
+func TestPublishOrderUnderConcurrency(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("concurrent")
+	const goroutines, keys, perKey = 64, 100, 30
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	results := make(chan *adapter.PublishResult, keys*perKey)
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perKey {
+				for k := g; k < keys; k += goroutines {
+					key := fmt.Sprint("key-", k)
+					results <- topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key})
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	topic.Flush()
+	close(results)
+	for r := range results {
+		if _, err := r.Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string]int{}
+	for k := range keys {
+		want[fmt.Sprint("key-", k)] = perKey
+	}
+	if n := storedOrder(t, e, "concurrent", want); n != keys*perKey {
+		t.Fatalf("%d messages stored, want %d", n, keys*perKey)
+	}
+}
+
+// A message the server refuses for good pauses its key, and only its key,
+// until ResumePublish.
+func TestPublishFailurePausesOneKey(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("pausing")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Make the stream refuse messages over 1 KiB, so one message fails
+	// after it was queued (the client's own limit is far larger).
+	js := jetstreamOf(t, e)
+	stream, err := js.Stream(ctx, keyrouter.StreamName(project, "pausing"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := stream.CachedInfo().Config
+	cfg.MaxMsgSize = 1024
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	get := func(key string, data []byte) error {
+		_, err := topic.Publish(ctx, &adapter.Message{Data: data, OrderingKey: key}).Get(ctx)
+		return err
+	}
+	if err := get("a", []byte("a0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := get("a", make([]byte, 2048)); err == nil || errors.Is(err, adapter.ErrPublishingPaused) {
+		t.Fatalf("oversized message: err = %v, want the server's refusal", err)
+	}
+	if err := get("a", []byte("a2")); !errors.Is(err, adapter.ErrPublishingPaused) {
+		t.Fatalf("after the failure key a: err = %v, want ErrPublishingPaused", err)
+	}
+	if err := get("b", []byte("b0")); err != nil {
+		t.Fatalf("key b must carry on: %v", err)
+	}
+	if err := get("", []byte("u0")); err != nil {
+		t.Fatalf("unkeyed messages must carry on: %v", err)
+	}
+	topic.ResumePublish("a")
+	if err := get("a", []byte("a3")); err != nil {
+		t.Fatalf("after ResumePublish: %v", err)
+	}
+	// Stored: a0, b0, u0, a3 — nothing of a between a0 and a3.
+	var got []string
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, string(m.Data()))
+	}
+	if strings.Join(got, ",") != "a0,b0,u0,a3" {
+		t.Fatalf("stored %v", got)
+	}
+}
+
+func TestPublishAfterStopAndFlowControl(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+
+	stopped := e.createTopic("stopped")
+	r := stopped.Publish(ctx, &adapter.Message{Data: []byte("before"), OrderingKey: "k"})
+	stopped.Stop()
+	if _, err := r.Get(ctx); err != nil {
+		t.Fatalf("message queued before Stop: %v", err)
+	}
+	if _, err := stopped.Publish(ctx, &adapter.Message{Data: []byte("after")}).Get(ctx); !errors.Is(err, adapter.ErrTopicStopped) {
+		t.Fatalf("after Stop: %v, want ErrTopicStopped", err)
+	}
+
+	limited := e.createTopic("limited")
+	limited.PublishSettings.DelayThreshold = time.Hour // nothing leaves until Flush
+	limited.PublishSettings.FlowControlSettings = adapter.FlowControlSettings{MaxOutstandingMessages: 2, LimitExceededBehavior: adapter.FlowControlSignalError}
+	first := limited.Publish(ctx, &adapter.Message{Data: []byte("1")})
+	second := limited.Publish(ctx, &adapter.Message{Data: []byte("2")})
+	if _, err := limited.Publish(ctx, &adapter.Message{Data: []byte("3")}).Get(ctx); !errors.Is(err, adapter.ErrFlowControlLimit) {
+		t.Fatalf("third outstanding message: %v, want ErrFlowControlLimit", err)
+	}
+	limited.Flush()
+	for _, r := range []*adapter.PublishResult{first, second} {
+		if _, err := r.Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	blocking := e.createTopic("blocking")
+	blocking.PublishSettings.DelayThreshold = time.Hour
+	blocking.PublishSettings.FlowControlSettings = adapter.FlowControlSettings{MaxOutstandingMessages: 1}
+	blocking.Publish(ctx, &adapter.Message{Data: []byte("1")})
+	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := blocking.Publish(cctx, &adapter.Message{Data: []byte("2")}).Get(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("blocked publish with an ending context: %v, want DeadlineExceeded", err)
+	}
+	blocking.Flush()
+}
