@@ -45,7 +45,7 @@ const (
 	DefaultDelayThreshold         = 10 * time.Millisecond
 	DefaultCountThreshold         = 100
 	DefaultByteThreshold          = 1 << 20
-	DefaultMaxOutstandingMessages = 1000
+	DefaultMaxOutstandingMessages = 10000
 	DefaultMaxOutstandingBytes    = 64 << 20
 	DefaultPublishTimeout         = 60 * time.Second
 )

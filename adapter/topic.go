@@ -75,7 +75,7 @@ type PublishSettings struct {
 }
 
 // FlowControlSettings bound a publisher's outstanding messages. A negative
-// limit means none; zero means the default (1000 messages, 64 MiB).
+// limit means none; zero means the default (10,000 messages, 64 MiB).
 type FlowControlSettings struct {
 	MaxOutstandingMessages int
 	MaxOutstandingBytes    int

@@ -131,6 +131,10 @@ func main() {
 			median(vsMany), slices.Min(vsMany), slices.Max(vsMany), median(vsOne), slices.Min(vsOne), slices.Max(vsOne))
 	}
 	fmt.Println()
+	for _, keys := range []int{100, 10_000} {
+		raw, ad := b.publish(keys, n(100_000))
+		fmt.Printf("publish, %6d keys, %d msgs: raw async %8.0f msgs/s, adapter %8.0f msgs/s = %.2fx\n", keys, n(100_000), raw, ad, ad/raw)
+	}
 	if *burstKeys > 0 {
 		b.burst(*burstKeys)
 	}
@@ -268,6 +272,36 @@ func (b *bench) burst(keys int) {
 	check(<-recvDone)
 	fmt.Printf("burst of %d new keys, one message each: all delivered in %v (%.0f keys/s); key consumers: peak %d (%s), %d left %v after the last delivery\n",
 		keys, delivered.Round(100*time.Millisecond), float64(keys)/delivered.Seconds(), peak, memAtPeak, left, idle.Round(100*time.Millisecond))
+}
+
+// publish times raw JetStream async publishing of msgs messages round-robin
+// over keys subjects, then the adapter's Publish of the same messages with
+// the same keys (every result awaited).
+func (b *bench) publish(keys, msgs int) (raw, ad float64) {
+	ctx := context.Background()
+	topicID, topic, _, cleanup := b.orderedTopic("pub")
+	defer cleanup()
+	payload := make([]byte, *payloadSize)
+	keyNames := make([]string, keys)
+	for k := range keyNames {
+		keyNames[k] = "key-" + strconv.Itoa(k)
+	}
+	start := time.Now()
+	b.fill(func(i int) string { return keyrouter.KeyedSubject(project, topicID, keyNames[i%keys]) },
+		func(i int) nats.Header { return nats.Header{"Jetorder-Ordering-Key": {keyNames[i%keys]}} }, msgs)
+	raw = float64(msgs) / time.Since(start).Seconds()
+
+	results := make([]*adapter.PublishResult, 0, msgs)
+	start = time.Now()
+	for i := 0; i < msgs; i++ {
+		results = append(results, topic.Publish(ctx, &adapter.Message{Data: payload, OrderingKey: keyNames[i%keys]}))
+	}
+	for _, r := range results {
+		_, err := r.Get(ctx)
+		check(err)
+	}
+	ad = float64(msgs) / time.Since(start).Seconds()
+	return raw, ad
 }
 
 // orderedTopic creates a topic and an ordered subscription to it; cleanup
