@@ -35,6 +35,21 @@ var (
 	ErrClosed = errors.New("client closed")
 )
 
+// Publisher errors.
+var (
+	// ErrPublishingPaused is returned for messages of an ordering key whose
+	// publishing is paused: an earlier message of the key failed for good,
+	// and storing later ones would break the key's order. ResumePublish
+	// resumes the key.
+	ErrPublishingPaused = errors.New("publishing paused for ordering key")
+	// ErrTopicStopped is returned by Publish after Topic.Stop.
+	ErrTopicStopped = errors.New("topic stopped for publishing")
+	// ErrFlowControlLimit is returned by Publish when the outstanding
+	// messages or bytes are at their limit and the limit is set to fail
+	// rather than block.
+	ErrFlowControlLimit = errors.New("publish flow control limit reached")
+)
+
 // The ordering key and name errors are keyrouter's; they are re-exported so
 // adapter users need not import keyrouter to match them.
 var (

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -22,16 +21,14 @@ func MessageID(sender uuid.UUID, seq uint32) string {
 }
 
 // sequencer hands out a publisher's 32-bit sequence numbers: 0, 1, ...,
-// 4294967295, then 0 again.
+// 4294967295, then 0 again. Its owner serialises take, so sequence numbers
+// follow the owner's queue order.
 type sequencer struct {
-	mu     sync.Mutex
 	sender uuid.UUID
 	next   uint32
 }
 
 func (s *sequencer) take() (uuid.UUID, uint32) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	seq := s.next
 	s.next++ // uint32 arithmetic wraps to 0 after 4294967295
 	return s.sender, seq

@@ -12,21 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Publisher errors.
-var (
-	// ErrPublishingPaused is returned for messages of an ordering key whose
-	// publishing is paused: an earlier message of the key failed for good,
-	// and storing later ones would break the key's order. ResumePublish
-	// resumes the key.
-	ErrPublishingPaused = errors.New("publishing paused for ordering key")
-	// ErrTopicStopped is returned by Publish after Topic.Stop.
-	ErrTopicStopped = errors.New("topic stopped for publishing")
-	// ErrFlowControlLimit is returned by Publish when the outstanding
-	// messages or bytes are at their limit and the limit is set to fail
-	// rather than block.
-	ErrFlowControlLimit = errors.New("publish flow control limit reached")
-)
-
 // LimitExceededBehavior says what Publish does when flow control limits are
 // reached.
 type LimitExceededBehavior int
@@ -118,6 +103,13 @@ func newPublisher(t *Topic, cfg PublishSettings) *publisher {
 }
 
 func newResult() *PublishResult { return &PublishResult{done: make(chan struct{})} }
+
+// resolved is a result known at once (a message refused before queueing).
+func resolved(id string, err error) *PublishResult {
+	r := newResult()
+	r.set(id, err)
+	return r
+}
 
 func (r *PublishResult) set(id string, err error) {
 	r.id, r.err = id, err

@@ -270,12 +270,6 @@ func (r *PublishResult) Get(ctx context.Context) (string, error) {
 	}
 }
 
-func resolved(id string, err error) *PublishResult {
-	r := &PublishResult{done: make(chan struct{}), id: id, err: err}
-	close(r.done)
-	return r
-}
-
 // Publish queues msg for the topic and returns at once; the result's Get
 // yields the message id once the message is stored, or the error. Messages
 // with the same OrderingKey are stored in the order of their Publish calls.
