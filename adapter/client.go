@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -42,7 +43,16 @@ type Client struct {
 	leases   jetstream.KeyValue
 	leaseTTL time.Duration // the lease bucket's TTL, which its creator chose
 	closed   bool
+
+	// publishWindow bounds the client's messages awaiting a server ack.
+	// Publishers take a whole batch's share before sending it, so the
+	// asynchronous publisher below never stalls on its own pending limit
+	// (a stalled send would fail one message in the middle of a batch).
+	publishWindow *semaphore.Weighted
 }
+
+// publishWindowSize is the most messages a client has in flight at once.
+const publishWindowSize = 4096
 
 type clientConfig struct {
 	logger       *slog.Logger
@@ -50,6 +60,7 @@ type clientConfig struct {
 	leaseTTL     time.Duration
 	idleTimeout  time.Duration
 	apiTimeout   time.Duration
+	ackTimeout   time.Duration
 	createWorker int
 }
 
@@ -102,6 +113,19 @@ func WithIdleTimeout(d time.Duration) Option {
 	}
 }
 
+// WithPublishAckTimeout sets how long a published message waits for the
+// server's acknowledgement before it is sent again (with the same message
+// id, so the stream stores it once). Default 5s.
+func WithPublishAckTimeout(d time.Duration) Option {
+	return func(c *clientConfig) error {
+		if d < 10*time.Millisecond {
+			return fmt.Errorf("%w: publish ack timeout %v below 10ms", ErrInvalidConfig, d)
+		}
+		c.ackTimeout = d
+		return nil
+	}
+}
+
 // NewClient returns a client for project over nc, which must have JetStream
 // available. It does no I/O; buckets are created on first use.
 func NewClient(nc *nats.Conn, project string, opts ...Option) (*Client, error) {
@@ -117,6 +141,7 @@ func NewClient(nc *nats.Conn, project string, opts ...Option) (*Client, error) {
 		leaseTTL:     6 * time.Second,
 		idleTimeout:  5 * time.Second,
 		apiTimeout:   10 * time.Second,
+		ackTimeout:   5 * time.Second,
 		createWorker: 32,
 	}
 	for _, o := range opts {
@@ -130,12 +155,12 @@ func NewClient(nc *nats.Conn, project string, opts ...Option) (*Client, error) {
 	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(cfg.apiTimeout),
 		// An ack that does not come is retried (same message id, so stored
 		// once) rather than waited for forever.
-		jetstream.WithPublishAsyncTimeout(5*time.Second),
-		jetstream.WithPublishAsyncMaxPending(4096))
+		jetstream.WithPublishAsyncTimeout(cfg.ackTimeout),
+		jetstream.WithPublishAsyncMaxPending(2*publishWindowSize))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	return &Client{nc: nc, js: js, project: project, cfg: cfg}, nil
+	return &Client{nc: nc, js: js, project: project, cfg: cfg, publishWindow: semaphore.NewWeighted(publishWindowSize)}, nil
 }
 
 // Project is the client's project id.

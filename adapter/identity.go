@@ -17,7 +17,13 @@ import (
 // 8-digit lower-case hex of seq as name. The id doubles as Nats-Msg-Id, so a
 // retried publish is stored once.
 func MessageID(sender uuid.UUID, seq uint32) string {
-	return uuid.NewSHA1(sender, []byte(fmt.Sprintf("%08x", seq))).String()
+	const digits = "0123456789abcdef"
+	var name [8]byte
+	for i := 7; i >= 0; i-- {
+		name[i] = digits[seq&0xf]
+		seq >>= 4
+	}
+	return uuid.NewSHA1(sender, name[:]).String()
 }
 
 // sequencer hands out a publisher's 32-bit sequence numbers: 0, 1, ...,
@@ -48,8 +54,38 @@ const (
 	maxUserMetaEntries = 100
 )
 
-// formatTime writes t in UTC with microsecond precision, as RSB stores times.
-func formatTime(t time.Time) string { return t.UTC().Truncate(time.Microsecond).Format(rsbTimeLayout) }
+// formatTime writes t in UTC with microsecond precision, as RSB stores times
+// (rsbTimeLayout). It is written out by hand because every message carries
+// two times and time.Format showed in publish profiles.
+func formatTime(t time.Time) string {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.Truncate(time.Microsecond).Format(rsbTimeLayout)
+	}
+	hour, minute, sec := t.Clock()
+	b := make([]byte, 0, len("2006-01-02T15:04:05.000000Z"))
+	b = appendDigits(b, year, 4)
+	b = appendDigits(append(b, '-'), int(month), 2)
+	b = appendDigits(append(b, '-'), day, 2)
+	b = appendDigits(append(b, 'T'), hour, 2)
+	b = appendDigits(append(b, ':'), minute, 2)
+	b = appendDigits(append(b, ':'), sec, 2)
+	b = appendDigits(append(b, '.'), t.Nanosecond()/1000, 6)
+	return string(append(b, 'Z'))
+}
+
+// appendDigits appends v as exactly width decimal digits (v < 10^width).
+func appendDigits(b []byte, v, width int) []byte {
+	for i := width - 1; i >= 0; i-- {
+		b = append(b, 0)
+	}
+	for i := len(b) - 1; i >= len(b)-width; i-- {
+		b[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return b
+}
 
 func parseTime(s string) (time.Time, bool) {
 	t, err := time.Parse(time.RFC3339Nano, s)
@@ -87,8 +123,9 @@ func writeIdentity(h nats.Header, sender uuid.UUID, seq uint32) string {
 	return id
 }
 
-// writeSendTime stamps the time a message goes on the wire.
-func writeSendTime(h nats.Header, sent time.Time) { h[headerSendTime] = []string{formatTime(sent)} }
+// writeSendTime stamps the time a message goes on the wire, formatted by
+// formatTime (once for a whole batch).
+func writeSendTime(h nats.Header, sent string) { h[headerSendTime] = []string{sent} }
 
 // writeMetadata puts the application's RSB metadata into h.
 func writeMetadata(h nats.Header, msg *Message, created time.Time) {

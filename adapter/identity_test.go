@@ -54,7 +54,7 @@ func TestMetadataRoundTrip(t *testing.T) {
 	h := nats.Header{}
 	writeMetadata(h, in, created)
 	id := writeIdentity(h, sender, 4294967295)
-	writeSendTime(h, sent)
+	writeSendTime(h, formatTime(sent))
 	if id != MessageID(sender, 4294967295) || h.Get("Nats-Msg-Id") != id {
 		t.Fatalf("identity: id %s, Nats-Msg-Id %s", id, h.Get("Nats-Msg-Id"))
 	}
@@ -80,5 +80,19 @@ func TestMetadataRoundTrip(t *testing.T) {
 	readMetadata(nats.Header{headerSenderID: {"nope"}, headerSequence: {"4294967296"}, headerCreateTime: {"yesterday"}, headerCause: {"x,y"}}, &bad)
 	if bad.SenderID != uuid.Nil || bad.SequenceNumber != 0 || !bad.CreateTime.IsZero() || bad.Causes != nil {
 		t.Fatalf("garbled headers produced %+v", bad)
+	}
+}
+
+func TestFormatTimeMatchesLayout(t *testing.T) {
+	for _, tm := range []time.Time{
+		time.Date(2026, 1, 2, 3, 4, 5, 6_789, time.UTC),
+		time.Date(1999, 12, 31, 23, 59, 59, 999_999_999, time.FixedZone("X", -5*3600)),
+		time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC),
+	} {
+		want := tm.UTC().Truncate(time.Microsecond).Format(rsbTimeLayout)
+		if got := formatTime(tm); got != want {
+			t.Errorf("formatTime(%v) = %s, want %s", tm, got, want)
+		}
 	}
 }

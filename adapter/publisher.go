@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/keyrouter"
 )
 
 // LimitExceededBehavior says what Publish does when flow control limits are
@@ -125,8 +127,7 @@ func (p *publisher) add(ctx context.Context, key string, msg *nats.Msg) *Publish
 		size += len(k) + len(v[0])
 	}
 	if err := p.flow.acquire(ctx, size); err != nil {
-		res.set("", err)
-		return res
+		return p.refuse(key, err)
 	}
 	p.mu.Lock()
 	if p.stopped {
@@ -135,11 +136,7 @@ func (p *publisher) add(ctx context.Context, key string, msg *nats.Msg) *Publish
 		res.set("", ErrTopicStopped)
 		return res
 	}
-	q := p.keys[key]
-	if q == nil {
-		q = &keyQueue{key: key}
-		p.keys[key] = q
-	}
+	q := p.queue(key)
 	if q.paused != nil {
 		err := q.paused
 		p.mu.Unlock()
@@ -154,6 +151,31 @@ func (p *publisher) add(ctx context.Context, key string, msg *nats.Msg) *Publish
 	p.schedule(q)
 	p.mu.Unlock()
 	return res
+}
+
+// queue returns key's queue, creating it. Called with p.mu held.
+func (p *publisher) queue(key string) *keyQueue {
+	q := p.keys[key]
+	if q == nil {
+		q = &keyQueue{key: key}
+		p.keys[key] = q
+	}
+	return q
+}
+
+// refuse fails a message that never entered its key's queue. A keyed
+// message pauses its key, as a failure after queueing does: otherwise a
+// caller that does not wait on each result would see the key's later
+// messages stored without it, and retrying it would store it out of order.
+func (p *publisher) refuse(key string, err error) *PublishResult {
+	if key != "" && keyrouter.ValidateOrderingKey(key) == nil {
+		p.mu.Lock()
+		if q := p.queue(key); q.paused == nil {
+			q.paused = fmt.Errorf("%w %q: %w", ErrPublishingPaused, key, err)
+		}
+		p.mu.Unlock()
+	}
+	return resolved("", err)
 }
 
 // schedule sends q's next batch if it is full, or arms the delay timer.
@@ -185,7 +207,7 @@ func (p *publisher) sendLocked(q *keyQueue) {
 		q.timer = nil
 	}
 	n, bytes := 0, 0
-	for n < len(q.pending) && n < p.cfg.CountThreshold && (n == 0 || bytes+q.pending[n].size <= p.cfg.ByteThreshold) {
+	for n < len(q.pending) && n < min(p.cfg.CountThreshold, publishWindowSize) && (n == 0 || bytes+q.pending[n].size <= p.cfg.ByteThreshold) {
 		bytes += q.pending[n].size
 		n++
 	}
@@ -202,7 +224,7 @@ func (p *publisher) sendBatch(q *keyQueue, batch []*pubItem) {
 	deadline := time.Now().Add(p.cfg.Timeout)
 	backoff := 50 * time.Millisecond
 	for len(batch) > 0 {
-		firstFail, errs := p.pipeline(batch)
+		firstFail, errs := p.pipeline(batch, deadline)
 		if firstFail < 0 {
 			p.complete(batch, nil)
 			break
@@ -232,14 +254,32 @@ func (p *publisher) sendBatch(q *keyQueue, batch []*pubItem) {
 
 // pipeline publishes batch asynchronously and waits for every ack. It
 // returns the index of the first failure (-1 if none) and each message's
-// error.
-func (p *publisher) pipeline(batch []*pubItem) (int, []error) {
+// error. A message that cannot be sent stops the batch there, so that
+// send failures, like the server's refusals of a stream, form a suffix.
+func (p *publisher) pipeline(batch []*pubItem, deadline time.Time) (int, []error) {
 	futures := make([]jetstream.PubAckFuture, len(batch))
 	errs := make([]error, len(batch))
-	now := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	window := p.t.c.publishWindow
+	if err := window.Acquire(ctx, int64(len(batch))); err != nil {
+		err = fmt.Errorf("no room among the client's in-flight messages within the publish timeout: %w", err)
+		for i := range errs {
+			errs[i] = err
+		}
+		return 0, errs
+	}
+	defer window.Release(int64(len(batch)))
+	now := formatTime(time.Now())
 	for i, it := range batch {
 		writeSendTime(it.msg.Header, now)
-		futures[i], errs[i] = p.t.c.js.PublishMsgAsync(it.msg, jetstream.WithExpectStream(p.t.stream))
+		futures[i], errs[i] = p.t.c.js.PublishMsgAsync(it.msg)
+		if errs[i] != nil {
+			for j := i + 1; j < len(batch); j++ {
+				errs[j] = errs[i]
+			}
+			break
+		}
 	}
 	first := -1
 	for i, f := range futures {
@@ -349,6 +389,7 @@ func transient(err error) bool {
 	switch {
 	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, nats.ErrConnectionReconnecting),
+		errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrReconnectBufExceeded),
 		errors.Is(err, jetstream.ErrTooManyStalledMsgs):
 		return true
 	case errors.As(err, &apiErr):

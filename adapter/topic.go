@@ -275,13 +275,22 @@ func (r *PublishResult) Get(ctx context.Context) (string, error) {
 // with the same OrderingKey are stored in the order of their Publish calls.
 // An empty OrderingKey publishes without a key. ctx bounds only the wait
 // for flow control. Publish does not modify msg.
+//
+// When a message with an ordering key fails, whether refused here (invalid
+// attributes, too large, flow control, ctx ended) or by the server, its key
+// is paused: the key's queued and later messages fail with
+// ErrPublishingPaused until ResumePublish, so no later message of the key is
+// stored in its place. Other keys carry on.
 func (t *Topic) Publish(ctx context.Context, msg *Message) *PublishResult {
 	if err := t.c.checkOpen(); err != nil {
 		return resolved("", err)
 	}
 	m, err := t.encode(msg)
 	if err != nil {
-		return resolved("", err)
+		if msg == nil {
+			return resolved("", err)
+		}
+		return t.publisher().refuse(msg.OrderingKey, err)
 	}
 	return t.publisher().add(ctx, msg.OrderingKey, m)
 }

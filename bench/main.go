@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -43,6 +44,7 @@ var (
 	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
 	rounds      = flag.Int("rounds", 3, "rounds of baselines and adapter runs (key counts over 256 run once, in an extra last round)")
 	burstKeys   = flag.Int("burst", 10_000, "keys in the new-key burst run (0 skips it)")
+	runs        = flag.String("runs", "ordered,publish,burst,latency", "which runs to do, comma-separated")
 )
 
 const project = "bench"
@@ -86,11 +88,15 @@ func main() {
 	var many, one, push []float64
 	ratios := map[int][][2]float64{}
 	rates := map[int][]float64{}
-	fmt.Printf("%-5s %-34s %10s %11s %11s\n", "round", "run", "msgs/s", "vs raw1000", "vs raw-map1")
 	large := slices.ContainsFunc(counts, func(k int) bool { return k > 256 })
 	lastRound := *rounds
 	if large {
 		lastRound++ // key counts over 256 run once, last, in a round of their own
+	}
+	if selected("ordered") {
+		fmt.Printf("%-5s %-34s %10s %11s %11s\n", "round", "run", "msgs/s", "vs raw1000", "vs raw-map1")
+	} else {
+		lastRound = 0
 	}
 	for round := 1; round <= lastRound; round++ {
 		m, o, p := b.raw("raw-map1000", n(100_000), 1000), b.raw("raw-map1", n(50_000), 1), b.rawPush("raw-push-map1", n(50_000))
@@ -117,6 +123,38 @@ func main() {
 				r.startup.Round(time.Millisecond), r.consumersAtEnd, r.consumersAfterIdle, r.idleWait.Round(100*time.Millisecond), rss())
 		}
 	}
+	if selected("ordered") {
+		summarizeOrdered(counts, many, one, push, rates, ratios)
+	}
+	if selected("publish") {
+		fmt.Printf("%-5s %-28s %10s %22s %18s\n", "round", "publish run", "raw async", "raw + adapter headers", "adapter Publish")
+		for _, keys := range []int{100, 10_000} {
+			var vsRaw, vsHeaders []float64
+			for round := 1; round <= *rounds; round++ {
+				raw, rawHeaders, ad := b.publish(keys, n(100_000))
+				vsRaw, vsHeaders = append(vsRaw, ad/raw), append(vsHeaders, rawHeaders/raw)
+				fmt.Printf("%-5d %-28s %10.0f %15.0f %5.2fx %11.0f %5.2fx\n", round,
+					fmt.Sprintf("%d keys, %d msgs", keys, n(100_000)), raw, rawHeaders, rawHeaders/raw, ad, ad/raw)
+			}
+			fmt.Printf("publish, %d keys, median of %d rounds: adapter %.2fx raw async [%.2f-%.2f]; raw with the adapter's headers %.2fx\n\n",
+				keys, *rounds, median(vsRaw), slices.Min(vsRaw), slices.Max(vsRaw), median(vsHeaders))
+		}
+	}
+	if selected("burst") && *burstKeys > 0 {
+		b.burst(*burstKeys)
+	}
+	if selected("latency") {
+		rawLat := b.rawLatency(2000, 3*time.Second)
+		adLat := b.orderedLatency(16, 2000, 3*time.Second)
+		fmt.Printf("latency publish->handler at 2000 msg/s: raw p50 %v p99 %v; adapter (16 keys) p50 %v p99 %v\n",
+			rawLat.p50, rawLat.p99, adLat.p50, adLat.p99)
+	}
+	fmt.Printf("process RSS at end: %s\n", rss())
+}
+
+func selected(run string) bool { return slices.Contains(strings.Split(*runs, ","), run) }
+
+func summarizeOrdered(counts []int, many, one, push []float64, rates map[int][]float64, ratios map[int][][2]float64) {
 	fmt.Printf("\nsummary, median of %d rounds (ratio range in brackets)\n", *rounds)
 	fmt.Printf("%-34s %10.0f\n", "raw JetStream, MaxAckPending 1000", median(many))
 	fmt.Printf("%-34s %10.0f\n", "raw JetStream, MaxAckPending 1", median(one))
@@ -131,18 +169,6 @@ func main() {
 			median(vsMany), slices.Min(vsMany), slices.Max(vsMany), median(vsOne), slices.Min(vsOne), slices.Max(vsOne))
 	}
 	fmt.Println()
-	for _, keys := range []int{100, 10_000} {
-		raw, ad := b.publish(keys, n(100_000))
-		fmt.Printf("publish, %6d keys, %d msgs: raw async %8.0f msgs/s, adapter %8.0f msgs/s = %.2fx\n", keys, n(100_000), raw, ad, ad/raw)
-	}
-	if *burstKeys > 0 {
-		b.burst(*burstKeys)
-	}
-	rawLat := b.rawLatency(2000, 3*time.Second)
-	adLat := b.orderedLatency(16, 2000, 3*time.Second)
-	fmt.Printf("latency publish->handler at 2000 msg/s: raw p50 %v p99 %v; adapter (16 keys) p50 %v p99 %v\n",
-		rawLat.p50, rawLat.p99, adLat.p50, adLat.p99)
-	fmt.Printf("process RSS at end: %s\n", rss())
 }
 
 func median(v []float64) float64 {
@@ -274,34 +300,51 @@ func (b *bench) burst(keys int) {
 		keys, delivered.Round(100*time.Millisecond), float64(keys)/delivered.Seconds(), peak, memAtPeak, left, idle.Round(100*time.Millisecond))
 }
 
-// publish times raw JetStream async publishing of msgs messages round-robin
-// over keys subjects, then the adapter's Publish of the same messages with
+// publish times, each into a fresh topic, raw JetStream async publishing
+// of msgs messages round-robin over keys subjects; the same with the headers
+// the adapter writes; and the adapter's Publish of the same messages with
 // the same keys (every result awaited).
-func (b *bench) publish(keys, msgs int) (raw, ad float64) {
+func (b *bench) publish(keys, msgs int) (raw, rawHeaders, ad float64) {
 	ctx := context.Background()
-	topicID, topic, _, cleanup := b.orderedTopic("pub")
-	defer cleanup()
 	payload := make([]byte, *payloadSize)
 	keyNames := make([]string, keys)
 	for k := range keyNames {
 		keyNames[k] = "key-" + strconv.Itoa(k)
 	}
-	start := time.Now()
-	b.fill(func(i int) string { return keyrouter.KeyedSubject(project, topicID, keyNames[i%keys]) },
-		func(i int) nats.Header { return nats.Header{"Jetorder-Ordering-Key": {keyNames[i%keys]}} }, msgs)
-	raw = float64(msgs) / time.Since(start).Seconds()
-
-	results := make([]*adapter.PublishResult, 0, msgs)
-	start = time.Now()
-	for i := 0; i < msgs; i++ {
-		results = append(results, topic.Publish(ctx, &adapter.Message{Data: payload, OrderingKey: keyNames[i%keys]}))
+	timed := func(run func(topicID string, topic *adapter.Topic)) float64 {
+		topicID, topic, _, cleanup := b.orderedTopic("pub")
+		defer cleanup()
+		start := time.Now()
+		run(topicID, topic)
+		return float64(msgs) / time.Since(start).Seconds()
 	}
-	for _, r := range results {
-		_, err := r.Get(ctx)
-		check(err)
-	}
-	ad = float64(msgs) / time.Since(start).Seconds()
-	return raw, ad
+	raw = timed(func(topicID string, _ *adapter.Topic) {
+		b.fill(func(i int) string { return keyrouter.KeyedSubject(project, topicID, keyNames[i%keys]) },
+			func(i int) nats.Header { return nats.Header{"Jetorder-Ordering-Key": {keyNames[i%keys]}} }, msgs)
+	})
+	// The difference between raw and this is what the headers (and
+	// de-duplication by Nats-Msg-Id) cost; the rest is the publisher's own.
+	sender := uuid.New()
+	rawHeaders = timed(func(topicID string, _ *adapter.Topic) {
+		b.fill(func(i int) string { return keyrouter.KeyedSubject(project, topicID, keyNames[i%keys]) },
+			func(i int) nats.Header {
+				now := time.Now().UTC().Format("2006-01-02T15:04:05.000000Z")
+				return nats.Header{"Jetorder-Ordering-Key": {keyNames[i%keys]}, "Nats-Msg-Id": {adapter.MessageID(sender, uint32(i))},
+					"Jetorder-Sender-Id": {sender.String()}, "Jetorder-Sequence": {strconv.Itoa(i)},
+					"Jetorder-Create-Time": {now}, "Jetorder-Send-Time": {now}}
+			}, msgs)
+	})
+	ad = timed(func(_ string, topic *adapter.Topic) {
+		results := make([]*adapter.PublishResult, 0, msgs)
+		for i := 0; i < msgs; i++ {
+			results = append(results, topic.Publish(ctx, &adapter.Message{Data: payload, OrderingKey: keyNames[i%keys]}))
+		}
+		for _, r := range results {
+			_, err := r.Get(ctx)
+			check(err)
+		}
+	})
+	return raw, rawHeaders, ad
 }
 
 // orderedTopic creates a topic and an ordered subscription to it; cleanup

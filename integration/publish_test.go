@@ -6,13 +6,17 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/faultproxy"
 	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -208,7 +212,7 @@ func TestPublishAfterStopAndFlowControl(t *testing.T) {
 	limited.PublishSettings.FlowControlSettings = adapter.FlowControlSettings{MaxOutstandingMessages: 2, LimitExceededBehavior: adapter.FlowControlSignalError}
 	first := limited.Publish(ctx, &adapter.Message{Data: []byte("1")})
 	second := limited.Publish(ctx, &adapter.Message{Data: []byte("2")})
-	if _, err := limited.Publish(ctx, &adapter.Message{Data: []byte("3")}).Get(ctx); !errors.Is(err, adapter.ErrFlowControlLimit) {
+	if _, err := limited.Publish(ctx, &adapter.Message{Data: []byte("3"), OrderingKey: "k"}).Get(ctx); !errors.Is(err, adapter.ErrFlowControlLimit) {
 		t.Fatalf("third outstanding message: %v, want ErrFlowControlLimit", err)
 	}
 	limited.Flush()
@@ -216,6 +220,11 @@ func TestPublishAfterStopAndFlowControl(t *testing.T) {
 		if _, err := r.Get(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The refused keyed message paused its key: a later one must not be
+	// stored in its place.
+	if _, err := limited.Publish(ctx, &adapter.Message{Data: []byte("4"), OrderingKey: "k"}).Get(ctx); !errors.Is(err, adapter.ErrPublishingPaused) {
+		t.Fatalf("after a flow-control refusal: %v, want ErrPublishingPaused", err)
 	}
 
 	blocking := e.createTopic("blocking")
@@ -228,4 +237,128 @@ func TestPublishAfterStopAndFlowControl(t *testing.T) {
 		t.Fatalf("blocked publish with an ending context: %v, want DeadlineExceeded", err)
 	}
 	blocking.Flush()
+}
+
+// Each way Publish can refuse a keyed message fails that message with its
+// own error and pauses its key until ResumePublish; every other key, and
+// everything published before, is stored as if nothing happened.
+func TestPublishRefusalsPauseOnlyTheirKey(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("refusals")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cancelled, cancelNow := context.WithCancel(ctx)
+	cancelNow()
+	refusals := []struct {
+		key  string
+		call func(key string) error
+		want error
+	}{
+		{"bad-attribute", func(key string) error {
+			_, err := topic.Publish(ctx, &adapter.Message{Data: []byte("x"), OrderingKey: key, Attributes: map[string]string{"googclient_x": "v"}}).Get(ctx)
+			return err
+		}, adapter.ErrInvalidMessage},
+		{"too-large", func(key string) error {
+			_, err := topic.Publish(ctx, &adapter.Message{Data: make([]byte, e.nc.MaxPayload()+1), OrderingKey: key}).Get(ctx)
+			return err
+		}, adapter.ErrInvalidMessage},
+		{"cancelled-context", func(key string) error {
+			_, err := topic.Publish(cancelled, &adapter.Message{Data: []byte("x"), OrderingKey: key}).Get(ctx)
+			return err
+		}, context.Canceled},
+	}
+	publish := func(key string, idx int) *adapter.PublishResult {
+		return topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, idx), OrderingKey: key})
+	}
+	stored := map[string]int{}
+	for _, r := range refusals {
+		if _, err := publish(r.key, 0).Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.call(r.key); !errors.Is(err, r.want) || errors.Is(err, adapter.ErrPublishingPaused) {
+			t.Fatalf("%s: err = %v, want %v", r.key, err, r.want)
+		}
+		if _, err := publish(r.key, 1).Get(ctx); !errors.Is(err, adapter.ErrPublishingPaused) {
+			t.Fatalf("%s: next message: err = %v, want ErrPublishingPaused", r.key, err)
+		}
+		if _, err := publish("bystander", stored["bystander"]).Get(ctx); err != nil {
+			t.Fatalf("%s: another key must carry on: %v", r.key, err)
+		}
+		stored["bystander"]++
+		topic.ResumePublish(r.key)
+		if _, err := publish(r.key, 1).Get(ctx); err != nil {
+			t.Fatalf("%s: after ResumePublish: %v", r.key, err)
+		}
+		stored[r.key] = 2
+	}
+	if n := storedOrder(t, e, "refusals", stored); n != len(refusals)*3 {
+		t.Fatalf("%d messages stored, want %d", n, len(refusals)*3)
+	}
+}
+
+// Replies from the server are held back while messages are published, so
+// every publish times out waiting for its ack after the server stored it,
+// and is sent again. Each message must be stored once, in key order, and
+// every result must end in success once the replies flow again.
+func TestRetriedPublishIsStoredOnce(t *testing.T) {
+	e := newEnv(t)
+	e.createTopic("retried")
+	proxy, err := faultproxy.Start(e.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	nc := testutil.Connect(t, proxy.URL())
+	client, err := adapter.NewClient(nc, project, append(testLogger(), adapter.WithPublishAckTimeout(200*time.Millisecond))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic := client.Topic("retried")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// Every attempt crosses the server as a plain NATS message; count them.
+	var attempts atomic.Int64
+	sub, err := e.nc.Subscribe(keyrouter.TopicSubjects(project, "retried"), func(*nats.Msg) { attempts.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	const keys, perKey = 5, 20
+	proxy.HoldReplies()
+	var results []*adapter.PublishResult
+	want := map[string]int{}
+	for i := range perKey {
+		for k := range keys + 1 { // key "" is the unkeyed messages
+			key := ""
+			if k > 0 {
+				key = fmt.Sprint("key-", k)
+			}
+			results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+			want[key]++
+		}
+	}
+	total := len(results)
+	testutil.Eventually(t, 30*time.Second, func() bool { return attempts.Load() >= int64(2*total) },
+		"every message sent at least twice: %d attempts for %d messages", attempts.Load, total)
+	proxy.ReleaseReplies()
+
+	ids := map[string]bool{}
+	for i, r := range results {
+		id, err := r.Get(ctx)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		ids[id] = true
+	}
+	if len(ids) != total {
+		t.Fatalf("%d distinct ids for %d messages", len(ids), total)
+	}
+	if n := storedOrder(t, e, "retried", want); n != total {
+		t.Fatalf("%d messages stored after %d attempts, want %d", n, attempts.Load(), total)
+	}
 }

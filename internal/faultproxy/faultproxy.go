@@ -1,0 +1,134 @@
+// Package faultproxy is a TCP proxy for tests that puts a misbehaving
+// network between a NATS client and its server: it can hold back the
+// server's replies (as a congested or partitioned return path would) while
+// the client's messages still reach the server.
+package faultproxy
+
+import (
+	"net"
+	"strings"
+	"sync"
+)
+
+// Proxy forwards every connection it accepts to one target address.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	cond  *sync.Cond
+	held  bool
+	conns map[net.Conn]struct{}
+	done  bool
+
+	wg sync.WaitGroup
+}
+
+// Start listens on a random loopback port and forwards to target
+// (host:port, or a nats:// URL).
+func Start(target string) (*Proxy, error) {
+	target = strings.TrimPrefix(target, "nats://")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.cond = sync.NewCond(&p.mu)
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// URL is the nats:// URL clients connect to.
+func (p *Proxy) URL() string { return "nats://" + p.ln.Addr().String() }
+
+// HoldReplies stops forwarding bytes from the server to clients; they wait
+// in the proxy (and the kernel's buffers) until ReleaseReplies.
+func (p *Proxy) HoldReplies() {
+	p.mu.Lock()
+	p.held = true
+	p.mu.Unlock()
+}
+
+// ReleaseReplies forwards everything held, and later replies at once.
+func (p *Proxy) ReleaseReplies() {
+	p.mu.Lock()
+	p.held = false
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// Close stops accepting, closes every connection and waits for the
+// forwarding goroutines to end.
+func (p *Proxy) Close() {
+	p.ln.Close()
+	p.mu.Lock()
+	p.done = true
+	p.held = false
+	for c := range p.conns {
+		c.Close()
+	}
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.mu.Lock()
+		if p.done {
+			p.mu.Unlock()
+			client.Close()
+			server.Close()
+			return
+		}
+		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.forward(server, client, false)
+		go p.forward(client, server, true)
+	}
+}
+
+// forward copies from src to dst; a reply path waits while replies are
+// held. Either side ending closes both.
+func (p *Proxy) forward(dst, src net.Conn, replies bool) {
+	defer p.wg.Done()
+	defer func() {
+		src.Close()
+		dst.Close()
+		p.mu.Lock()
+		delete(p.conns, src)
+		delete(p.conns, dst)
+		p.mu.Unlock()
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if replies {
+				p.mu.Lock()
+				for p.held && !p.done {
+					p.cond.Wait()
+				}
+				p.mu.Unlock()
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
