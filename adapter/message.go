@@ -25,8 +25,18 @@ type Message struct {
 	// message with the same key, on every subscription with ordering enabled.
 	OrderingKey string
 
+	// Header holds extra NATS headers, written as they are: the way
+	// protocol bindings such as CloudEvents' (ce-* headers) reach NATS
+	// consumers that do not know jetorder. Names starting with Jetorder- or
+	// Nats- are reserved. On delivery it holds every header of the stored
+	// message, the adapter's own included.
+	Header nats.Header
+
 	// PublishTime is when the server stored the message (delivery only).
 	PublishTime time.Time
+	// StreamSequence is the message's position in its topic: one total
+	// order of everything published to the topic (delivery only).
+	StreamSequence uint64
 	// DeliveryAttempt counts deliveries of this message to the subscription,
 	// starting at 1 (delivery only).
 	DeliveryAttempt int
@@ -101,6 +111,25 @@ func validateAttributes(attrs map[string]string) error {
 			return fmt.Errorf("%w: attribute %q is not valid UTF-8", ErrInvalidMessage, k)
 		case strings.HasPrefix(k, googReservedPrefix):
 			return fmt.Errorf("%w: attribute key %q: the prefix %q is reserved", ErrInvalidMessage, k, googReservedPrefix)
+		}
+	}
+	return nil
+}
+
+// validateHeader checks the application's extra headers.
+func validateHeader(h nats.Header) error {
+	for name, vals := range h {
+		lower := strings.ToLower(name)
+		switch {
+		case name == "" || strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r == ':' || r >= 0x7f }):
+			return fmt.Errorf("%w: header name %q is not a token", ErrInvalidMessage, name)
+		case strings.HasPrefix(lower, "jetorder-") || strings.HasPrefix(lower, "nats-"):
+			return fmt.Errorf("%w: header %q: the prefixes Jetorder- and Nats- are reserved", ErrInvalidMessage, name)
+		}
+		for _, v := range vals {
+			if strings.ContainsAny(v, "\r\n") {
+				return fmt.Errorf("%w: header %q: value holds a line break", ErrInvalidMessage, name)
+			}
 		}
 	}
 	return nil

@@ -121,10 +121,11 @@ func (r *PublishResult) set(id string, err error) {
 // add queues an encoded message. It returns once the message is queued (or
 // refused); the result resolves when it is stored or has failed.
 func (p *publisher) add(ctx context.Context, key string, msg *nats.Msg) *PublishResult {
-	res := newResult()
 	size := len(msg.Data) + len(msg.Subject) + 160 // identity headers
-	for k, v := range msg.Header {
-		size += len(k) + len(v[0])
+	for k, vals := range msg.Header {
+		for _, v := range vals {
+			size += len(k) + len(v) + 4
+		}
 	}
 	if err := p.flow.acquire(ctx, size); err != nil {
 		return p.refuse(key, err)
@@ -133,19 +134,18 @@ func (p *publisher) add(ctx context.Context, key string, msg *nats.Msg) *Publish
 	if p.stopped {
 		p.mu.Unlock()
 		p.flow.release(size)
-		res.set("", ErrTopicStopped)
-		return res
+		return resolved("", ErrTopicStopped)
 	}
 	q := p.queue(key)
 	if q.paused != nil {
 		err := q.paused
 		p.mu.Unlock()
 		p.flow.release(size)
-		res.set("", err)
-		return res
+		return resolved("", err)
 	}
 	sender, seq := p.seq.take()
 	id := writeIdentity(msg.Header, sender, seq)
+	res := newResult()
 	q.pending = append(q.pending, &pubItem{msg: msg, id: id, size: size, result: res})
 	q.bytes += size
 	p.schedule(q)

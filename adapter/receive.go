@@ -276,7 +276,9 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	now := time.Now()
 	msg := &Message{
 		Data:            m.Data,
+		Header:          m.Header,
 		PublishTime:     meta.Timestamp,
+		StreamSequence:  meta.Sequence.Stream,
 		DeliveryAttempt: int(meta.NumDelivered),
 		ReceiveTime:     now.UTC(),
 	}

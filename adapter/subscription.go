@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/keyrouter"
@@ -38,6 +39,11 @@ type SubscriptionConfig struct {
 	// EnableMessageOrdering delivers messages with the same ordering key one
 	// at a time, in publish order. It cannot be changed after creation.
 	EnableMessageOrdering bool
+	// StartTime, when set, starts the subscription at the first message its
+	// topic stored at or after that time (JetStream start-by-time), to
+	// replay what was recorded since; zero starts with the next message
+	// published. Messages the topic no longer retains cannot be replayed.
+	StartTime time.Time
 }
 
 // subRecord is what the registry bucket stores for a subscription.
@@ -49,6 +55,7 @@ type subRecord struct {
 	Ordering      bool      `json:"ordering"`
 	AckDeadlineMS int64     `json:"ack_deadline_ms"`
 	StartSeq      uint64    `json:"start_seq"`
+	StartTime     time.Time `json:"start_time,omitzero"`
 	StreamCreated time.Time `json:"stream_created"`
 	Created       time.Time `json:"created"`
 }
@@ -148,6 +155,12 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 		StreamCreated: info.Created,
 		Created:       time.Now().UTC(),
 	}
+	if !cfg.StartTime.IsZero() {
+		rec.StartTime = cfg.StartTime.UTC()
+		if rec.StartSeq, err = cfg.Topic.firstSequenceSince(ctx, cfg.StartTime, rec.StartSeq); err != nil {
+			return nil, err
+		}
+	}
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err
@@ -227,7 +240,41 @@ func (s *Subscription) Config(ctx context.Context) (SubscriptionConfig, error) {
 		Topic:                 s.c.TopicInProject(rec.Topic, rec.TopicProject),
 		AckDeadline:           rec.ackDeadline(),
 		EnableMessageOrdering: rec.Ordering,
+		StartTime:             rec.StartTime,
 	}, nil
+}
+
+// firstSequenceSince returns the stream sequence of the topic's first
+// message stored at or after t, or next when there is none yet.
+func (t *Topic) firstSequenceSince(ctx context.Context, since time.Time, next uint64) (uint64, error) {
+	stream, err := t.c.js.Stream(ctx, t.stream)
+	if err != nil {
+		return 0, fmt.Errorf("topic %s: %w", t, err)
+	}
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
+		OptStartTime:      &since,
+		AckPolicy:         jetstream.AckNonePolicy,
+		HeadersOnly:       true,
+		InactiveThreshold: 10 * time.Second, // in case the delete below fails
+	})
+	if err != nil {
+		return 0, fmt.Errorf("find the first message of %s since %v: %w", t, since, err)
+	}
+	defer func() { _ = stream.DeleteConsumer(context.WithoutCancel(ctx), cons.CachedInfo().Name) }()
+	batch, err := cons.FetchNoWait(1)
+	if err != nil {
+		return 0, fmt.Errorf("find the first message of %s since %v: %w", t, since, err)
+	}
+	for m := range batch.Messages() {
+		if meta, err := m.Metadata(); err == nil {
+			return min(meta.Sequence.Stream, next), nil
+		}
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+		return 0, fmt.Errorf("find the first message of %s since %v: %w", t, since, err)
+	}
+	return next, nil
 }
 
 // Subscriptions lists the project's subscriptions, sorted by id.

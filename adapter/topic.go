@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -295,6 +296,13 @@ func (t *Topic) Publish(ctx context.Context, msg *Message) *PublishResult {
 	return t.publisher().add(ctx, msg.OrderingKey, m)
 }
 
+// Refuse fails a message that a layer above the topic could not encode
+// (an invalid CloudEvent, say) exactly as Publish fails one it refuses: the
+// result holds err, and a message with an ordering key pauses that key.
+func (t *Topic) Refuse(orderingKey string, err error) *PublishResult {
+	return t.publisher().refuse(orderingKey, err)
+}
+
 // Flush sends every queued message now and waits until each is stored or
 // has failed.
 func (t *Topic) Flush() { t.publisher().flush() }
@@ -343,6 +351,9 @@ func (t *Topic) encode(msg *Message) (*nats.Msg, error) {
 	if err := validateMetadata(msg); err != nil {
 		return nil, err
 	}
+	if err := validateHeader(msg.Header); err != nil {
+		return nil, err
+	}
 	if max := t.c.nc.MaxPayload(); max > 0 && int64(len(msg.Data)) > max-16*1024 {
 		return nil, fmt.Errorf("%w: data of %d bytes exceeds the server's limit of %d", ErrInvalidMessage, len(msg.Data), max-16*1024)
 	}
@@ -352,6 +363,9 @@ func (t *Topic) encode(msg *Message) (*nats.Msg, error) {
 	}
 	m := nats.NewMsg(subject)
 	m.Data = msg.Data
+	for name, vals := range msg.Header {
+		m.Header[name] = slices.Clone(vals)
+	}
 	writeHeaders(m.Header, msg)
 	writeMetadata(m.Header, msg, created)
 	return m, nil

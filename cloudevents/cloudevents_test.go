@@ -1,0 +1,305 @@
+package cloudevents
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/cloudevents/sdk-go/v2/types"
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetorder/jetorder/adapter"
+)
+
+// fullEvent has every attribute, an extension of every CloudEvents type,
+// binary data and text that needs escaping.
+func fullEvent(t *testing.T) event.Event {
+	t.Helper()
+	e := NewEvent()
+	e.SetID("id-ü-1")
+	e.SetSource("https://example.com/users/日本")
+	e.SetType("com.example.user.updated")
+	e.SetSubject(`a "quoted" 100% subject, with spaces\ and ünïcödé`)
+	e.SetDataSchema("https://example.com/schema")
+	e.SetTime(time.Date(2026, 11, 21, 10, 11, 12, 123456789, time.UTC))
+	if err := e.SetData("application/octet-stream", []byte{0, 1, 2, 0xff, '\r', '\n'}); err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse("https://example.com/x?y=1")
+	ref, _ := url.Parse("/relative/ref")
+	e.SetExtension("flag", true)
+	e.SetExtension("count", int32(-42))
+	e.SetExtension("blob", []byte("bin\x00ary"))
+	e.SetExtension("link", types.URI{URL: *u})
+	e.SetExtension("ref", types.URIRef{URL: *ref})
+	e.SetExtension("when", types.Timestamp{Time: time.Date(2020, 1, 2, 3, 4, 5, 600, time.UTC)})
+	e.SetExtension("note", "tab\there, percent %41, 😀")
+	e.SetExtension(ExtSequence, "00000000000000000007")
+	if err := e.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// sameEvent compares two events attribute by attribute, extensions by their
+// canonical string (binary mode carries every extension as a string).
+func sameEvent(t *testing.T, got, want event.Event) {
+	t.Helper()
+	if got.SpecVersion() != want.SpecVersion() || got.ID() != want.ID() || got.Source() != want.Source() ||
+		got.Type() != want.Type() || got.Subject() != want.Subject() || got.DataSchema() != want.DataSchema() ||
+		got.DataContentType() != want.DataContentType() || !got.Time().Equal(want.Time()) {
+		t.Fatalf("attributes differ:\n got %v\nwant %v", got, want)
+	}
+	if !bytes.Equal(got.Data(), want.Data()) {
+		t.Fatalf("data %q, want %q", got.Data(), want.Data())
+	}
+	if len(got.Extensions()) != len(want.Extensions()) {
+		t.Fatalf("extensions %v, want %v", got.Extensions(), want.Extensions())
+	}
+	for name, wv := range want.Extensions() {
+		ws, _ := types.Format(wv)
+		gs, err := types.Format(got.Extensions()[name])
+		if err != nil || gs != ws {
+			t.Fatalf("extension %s = %q (%v), want %q", name, gs, err, ws)
+		}
+	}
+}
+
+func TestRoundTripBothModes(t *testing.T) {
+	for _, mode := range []Mode{Binary, Structured} {
+		want := fullEvent(t)
+		m, err := Encode(want, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What a subscriber gets: the stored headers and payload.
+		got, err := Decode(&adapter.Message{Data: m.Data, Header: m.Header})
+		if err != nil {
+			t.Fatalf("mode %d: %v", mode, err)
+		}
+		sameEvent(t, *got, want)
+	}
+}
+
+func TestBinaryHeadersArePercentEncoded(t *testing.T) {
+	m, err := Encode(fullEvent(t), Binary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Header.Get("ce-subject"); got != "a%20%22quoted%22%20100%25%20subject,%20with%20spaces\\%20and%20%C3%BCn%C3%AFc%C3%B6d%C3%A9" {
+		t.Fatalf("ce-subject: %s", got)
+	}
+	if got := m.Header.Get("content-type"); got != "application/octet-stream" {
+		t.Fatalf("content-type: %s", got)
+	}
+	for name, vals := range m.Header {
+		for i := 0; i < len(vals[0]); i++ {
+			if c := vals[0][i]; c <= ' ' || c >= 0x7f {
+				t.Fatalf("header %s holds byte %#x", name, c)
+			}
+		}
+	}
+	s, err := Encode(fullEvent(t), Structured)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Header.Get("content-type") != StructuredContentType || !json.Valid(s.Data) {
+		t.Fatalf("structured: header %v, payload %s", s.Header, s.Data)
+	}
+}
+
+// What sdk-go's NATS JetStream bindings write: structured JSON with no
+// content-type (v2), and binary ce- headers that are not percent-encoded,
+// times in RFC3339Nano, content-type in lower case (v3).
+func TestDecodesSDKGoEncodings(t *testing.T) {
+	want := event.New()
+	want.SetID("sdk-1")
+	want.SetSource("/sdk")
+	want.SetType("t")
+	want.SetSubject("ünïcödé subject")
+	want.SetTime(time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC))
+	want.SetExtension(ExtRecordedTime, "2026-01-02T03:04:05.000006Z")
+	if err := want.SetData("application/json", map[string]int{"a": 1}); err != nil {
+		t.Fatal(err)
+	}
+
+	structured, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(&adapter.Message{Data: structured})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameEvent(t, *got, want)
+
+	h := nats.Header{}
+	h.Set("ce-specversion", want.SpecVersion())
+	h.Set("ce-id", want.ID())
+	h.Set("ce-source", want.Source())
+	h.Set("ce-type", want.Type())
+	h.Set("ce-subject", want.Subject())
+	h.Set("ce-time", want.Time().Format(time.RFC3339Nano))
+	h.Set("ce-recordedtime", "2026-01-02T03:04:05.000006Z")
+	h.Set("content-type", "application/json")
+	got, err = Decode(&adapter.Message{Data: want.Data(), Header: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameEvent(t, *got, want)
+}
+
+func TestSequenceStampedFromStreamPositionWhenMissing(t *testing.T) {
+	e := NewEvent()
+	e.SetID("1")
+	e.SetSource("/s")
+	e.SetType("t")
+	m, err := Encode(e, Binary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.StreamSequence = 42
+	got, err := Decode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seq, ok := Sequence(*got); !ok || seq != "00000000000000000042" {
+		t.Fatalf("sequence %q %v", seq, ok)
+	}
+	// 20 digits hold every uint64, so string order is number order.
+	if len(strings.Repeat("9", 20)) < len("18446744073709551615") {
+		t.Fatal("20 digits do not hold a uint64")
+	}
+
+	// A producer's own sequence is kept.
+	if err := SetSequence(&e, "b-0001"); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = Encode(e, Structured)
+	m.StreamSequence = 42
+	got, err = Decode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seq, _ := Sequence(*got); seq != "b-0001" {
+		t.Fatalf("producer sequence became %q", seq)
+	}
+}
+
+func TestRecordedTimeKeepsTheProducersText(t *testing.T) {
+	e := event.New()
+	e.SetID("1")
+	e.SetSource("/s")
+	e.SetType("t")
+	const text = "2026-11-21T10:00:00.123+01:00" // not how sdk-go would write it
+	e.SetExtension(ExtRecordedTime, text)
+	for _, mode := range []Mode{Binary, Structured} {
+		m, err := Encode(e, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Decode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tm, s, ok, err := RecordedTime(*got)
+		if err != nil || !ok || s != text || !tm.Equal(time.Date(2026, 11, 21, 9, 0, 0, 123e6, time.UTC)) {
+			t.Fatalf("mode %d: recordedtime %v %q %v %v", mode, tm, s, ok, err)
+		}
+	}
+	// Encode stamps a missing one, with microseconds, in UTC.
+	e = event.New()
+	e.SetID("1")
+	e.SetSource("/s")
+	e.SetType("t")
+	m, err := Encode(e, Binary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := m.Header.Get("ce-recordedtime"); len(v) != len("2006-01-02T15:04:05.000000Z") || !strings.HasSuffix(v, "Z") {
+		t.Fatalf("stamped recordedtime %q", v)
+	}
+}
+
+func TestBadInputNamesTheAttribute(t *testing.T) {
+	valid := func() event.Event {
+		e := NewEvent()
+		e.SetID("1")
+		e.SetSource("/s")
+		e.SetType("t")
+		return e
+	}
+	noSource := valid()
+	noSource.SetSource("")
+	badRecorded := valid()
+	badRecorded.SetExtension(ExtRecordedTime, "yesterday")
+	emptySeq := valid()
+	emptySeq.SetExtension(ExtSequence, "")
+	for _, tt := range []struct {
+		name string
+		e    event.Event
+		want string
+	}{
+		{"missing source", noSource, "source"},
+		{"invalid recordedtime", badRecorded, "recordedtime"},
+		{"empty sequence", emptySeq, "sequence"},
+	} {
+		_, err := Encode(tt.e, Binary)
+		if !errors.Is(err, ErrInvalidEvent) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want an ErrInvalidEvent naming %s", tt.name, err, tt.want)
+		}
+	}
+	if err := SetSequence(new(event.Event), ""); !errors.Is(err, ErrInvalidEvent) {
+		t.Errorf("SetSequence(\"\"): %v", err)
+	}
+
+	good, _ := Encode(valid(), Binary)
+	header := func(name, value string) nats.Header {
+		h := nats.Header{}
+		for k, v := range good.Header {
+			h[k] = v
+		}
+		h.Set(name, value)
+		return h
+	}
+	for _, tt := range []struct {
+		name string
+		m    *adapter.Message
+		want string
+	}{
+		{"bad percent-encoding", &adapter.Message{Header: header("ce-subject", "50%zz")}, "ce-subject"},
+		{"truncated escape", &adapter.Message{Header: header("ce-type", "t%4")}, "ce-type"},
+		{"escape that is not UTF-8", &adapter.Message{Header: header("ce-subject", "%FF")}, "ce-subject"},
+		{"bad time", &adapter.Message{Header: header("ce-time", "noon")}, "time"},
+		{"bad recordedtime", &adapter.Message{Header: header("ce-recordedtime", "noon")}, "recordedtime"},
+		{"empty sequence", &adapter.Message{Header: header("ce-sequence", "")}, "sequence"},
+		{"missing id", &adapter.Message{Header: header("ce-id", "")}, "id"},
+		{"structured, not JSON", &adapter.Message{Data: []byte("{not json"), Header: nats.Header{"content-type": {StructuredContentType}}}, "JSON"},
+		{"no headers, not JSON", &adapter.Message{Data: []byte("plain text")}, "JSON"},
+		{"other format", &adapter.Message{Data: []byte("x"), Header: nats.Header{"content-type": {"application/cloudevents+avro"}}}, "format"},
+		{"not a CloudEvent", &adapter.Message{Data: []byte("x"), Header: nats.Header{"content-type": {"text/plain"}}}, "ce-specversion"},
+		{"unknown specversion", &adapter.Message{Header: header("ce-specversion", "2.0")}, "specversion"},
+	} {
+		_, err := Decode(tt.m)
+		if !errors.Is(err, ErrInvalidEvent) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want an ErrInvalidEvent naming %s", tt.name, err, tt.want)
+		}
+	}
+}
+
+func TestPercentEncoding(t *testing.T) {
+	for _, s := range []string{"", "plain", "a b", `"%"`, "ü日本😀", "\x01\x7f", "%41"} {
+		got, err := percentDecode(percentEncode(s))
+		if err != nil || got != s {
+			t.Errorf("round trip of %q: %q, %v", s, got, err)
+		}
+	}
+	if got, err := percentDecode("ünescaped is kept"); err != nil || got != "ünescaped is kept" {
+		t.Errorf("unescaped UTF-8: %q, %v", got, err)
+	}
+}

@@ -1,0 +1,163 @@
+package cloudevents
+
+import (
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/cloudevents/sdk-go/v2/types"
+)
+
+// Extension names.
+const (
+	// ExtSequence is the sequence extension: a non-empty string that orders
+	// the event among its source's events by string comparison.
+	ExtSequence = "sequence"
+	// ExtRecordedTime is the recordedtime extension: when the producer
+	// created this CloudEvent (RFC 3339), as opposed to time, when the
+	// occurrence happened.
+	ExtRecordedTime = "recordedtime"
+	// ExtPartitionKey is the partitioning extension's key; Publish uses it
+	// as the ordering key unless given one.
+	ExtPartitionKey = "partitionkey"
+)
+
+// recordedTimeLayout is RFC 3339 in UTC with microseconds.
+const recordedTimeLayout = "2006-01-02T15:04:05.000000Z07:00"
+
+// Sequence returns the event's sequence, if it has one.
+func Sequence(e event.Event) (string, bool) {
+	v, ok := e.Extensions()[ExtSequence]
+	if !ok {
+		return "", false
+	}
+	s, err := types.Format(v)
+	return s, err == nil
+}
+
+// SetSequence sets the event's sequence; it must not be empty.
+func SetSequence(e *event.Event, seq string) error {
+	if seq == "" {
+		return invalid("sequence must not be empty")
+	}
+	e.SetExtension(ExtSequence, seq)
+	return nil
+}
+
+// SetRecordedTime stamps recordedtime: t in UTC, RFC 3339 with microseconds.
+// Producers call it once, when they create the event (NewEvent does); the
+// string written is then carried unchanged to every consumer.
+func SetRecordedTime(e *event.Event, t time.Time) {
+	e.SetExtension(ExtRecordedTime, t.UTC().Truncate(time.Microsecond).Format(recordedTimeLayout))
+}
+
+// RecordedTime returns recordedtime as a time and as the exact string the
+// producer wrote. ok is false when the event has none.
+func RecordedTime(e event.Event) (t time.Time, text string, ok bool, err error) {
+	v, present := e.Extensions()[ExtRecordedTime]
+	if !present {
+		return time.Time{}, "", false, nil
+	}
+	text, err = types.Format(v)
+	if err != nil {
+		return time.Time{}, "", true, invalid("recordedtime: %v", err)
+	}
+	t, err = time.Parse(time.RFC3339Nano, text)
+	if err != nil {
+		return time.Time{}, text, true, invalid("recordedtime %q is not an RFC 3339 timestamp", text)
+	}
+	return t, text, true, nil
+}
+
+// checkExtensions validates the extensions this package knows, and keeps
+// recordedtime a string: sdk-go would rewrite a time value in its own
+// format, and the producer's text must reach consumers unchanged.
+func checkExtensions(e *event.Event) error {
+	exts := e.Extensions()
+	if v, ok := exts[ExtSequence]; ok {
+		s, err := types.Format(v)
+		if err != nil || s == "" {
+			return invalid("sequence must be a non-empty string")
+		}
+	}
+	if v, ok := exts[ExtRecordedTime]; ok {
+		if ts, isTime := v.(types.Timestamp); isTime {
+			SetRecordedTime(e, ts.Time) // formatted once, by the producer's side
+		}
+		if _, _, _, err := RecordedTime(*e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// percentEncode escapes a header value as the CloudEvents HTTP and NATS
+// bindings say: space, '"', '%' and every byte outside printable ASCII.
+func percentEncode(s string) string {
+	clean := true
+	for i := 0; i < len(s); i++ {
+		if mustEscape(s[i]) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	const hex = "0123456789ABCDEF"
+	b := make([]byte, 0, len(s)+16)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if mustEscape(c) {
+			b = append(b, '%', hex[c>>4], hex[c&0xf])
+			continue
+		}
+		b = append(b, c)
+	}
+	return string(b)
+}
+
+func mustEscape(c byte) bool { return c <= ' ' || c == '"' || c == '%' || c >= 0x7f }
+
+// percentDecode undoes percentEncode. Bytes that need no escape pass as
+// they are, so values written unescaped (as sdk-go's bindings write them)
+// read back unchanged, unless they hold a '%' that does not start an
+// escape: that is an error, as is a result that is not UTF-8.
+func percentDecode(s string) (string, error) {
+	if strings.IndexByte(s, '%') < 0 {
+		if !utf8.ValidString(s) {
+			return "", fmt.Errorf("value is not UTF-8")
+		}
+		return s, nil
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			b = append(b, s[i])
+			continue
+		}
+		if i+2 >= len(s) || unhex(s[i+1]) < 0 || unhex(s[i+2]) < 0 {
+			return "", fmt.Errorf("%q is not valid percent-encoding at byte %d", s, i)
+		}
+		b = append(b, byte(unhex(s[i+1])<<4|unhex(s[i+2])))
+		i += 2
+	}
+	if !utf8.Valid(b) {
+		return "", fmt.Errorf("%q decodes to bytes that are not UTF-8", s)
+	}
+	return string(b), nil
+}
+
+func unhex(c byte) int {
+	switch {
+	case c >= '0' && c <= '9':
+		return int(c - '0')
+	case c >= 'a' && c <= 'f':
+		return int(c-'a') + 10
+	case c >= 'A' && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
