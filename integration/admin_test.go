@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -140,6 +142,14 @@ func TestBadInput(t *testing.T) {
 		}, adapter.ErrInvalidMessage},
 		{"reserved attribute", func() error {
 			_, err := topic.Publish(ctx, &adapter.Message{Attributes: map[string]string{"googclient_x": "v"}}).Get(ctx)
+			return err
+		}, adapter.ErrInvalidMessage},
+		{"reserved header", func() error {
+			_, err := topic.Publish(ctx, &adapter.Message{Data: []byte("x"), Header: nats.Header{"Nats-Msg-Id": {"forged"}}}).Get(ctx)
+			return err
+		}, adapter.ErrInvalidMessage},
+		{"header with a line break", func() error {
+			_, err := topic.Publish(ctx, &adapter.Message{Data: []byte("x"), Header: nats.Header{"x-a": {"1\r\nNats-Msg-Id: forged"}}}).Get(ctx)
 			return err
 		}, adapter.ErrInvalidMessage},
 		{"nil message", func() error { _, err := topic.Publish(ctx, nil).Get(ctx); return err }, adapter.ErrInvalidMessage},

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -329,4 +330,31 @@ func lastStored(t *testing.T, e *env, topicID, key string) (*jetstream.RawStream
 		return nil, err
 	}
 	return stream.GetLastMsgForSubject(ctx, keyrouter.KeyedSubject(project, topicID, key))
+}
+
+// An event Publish cannot encode fails with an error naming the attribute,
+// and, having a partition key, pauses that key like any refused message.
+func TestCloudEventsInvalidEventPausesItsKey(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("ce-invalid")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	bad := newTestEvent("/invalid", 0)
+	bad.SetExtension(ce.ExtPartitionKey, "k")
+	bad.SetExtension(ce.ExtRecordedTime, "not a time")
+	if _, err := ce.Publish(ctx, topic, bad).Get(ctx); !errors.Is(err, ce.ErrInvalidEvent) || !strings.Contains(err.Error(), "recordedtime") {
+		t.Fatalf("invalid event: %v", err)
+	}
+	good := newTestEvent("/invalid", 1)
+	good.SetExtension(ce.ExtPartitionKey, "k")
+	if _, err := ce.Publish(ctx, topic, good).Get(ctx); !errors.Is(err, adapter.ErrPublishingPaused) {
+		t.Fatalf("next event of the key: %v, want ErrPublishingPaused", err)
+	}
+	if _, err := ce.Publish(ctx, topic, newTestEvent("/invalid", 2), ce.WithOrderingKey("other")).Get(ctx); err != nil {
+		t.Fatalf("another key: %v", err)
+	}
+	topic.ResumePublish("k")
+	if _, err := ce.Publish(ctx, topic, good).Get(ctx); err != nil {
+		t.Fatalf("after ResumePublish: %v", err)
+	}
 }
