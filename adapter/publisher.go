@@ -35,6 +35,9 @@ const (
 	DefaultMaxOutstandingMessages = 10000
 	DefaultMaxOutstandingBytes    = 64 << 20
 	DefaultPublishTimeout         = 60 * time.Second
+	// MaxPublishTimeout keeps retries inside the topic stream's 2-minute
+	// duplicate window.
+	MaxPublishTimeout = 90 * time.Second
 )
 
 // publisher batches a Topic handle's messages per ordering key and sends
@@ -54,6 +57,9 @@ type publisher struct {
 	keys    map[string]*keyQueue
 	stopped bool
 	idle    *sync.Cond // signalled when a key queue drains
+	// hurrying counts Flush calls and flow-control-blocked Publish calls;
+	// while any wait, batches go at once instead of after DelayThreshold.
+	hurrying int
 
 	flow *flowController
 }
@@ -87,6 +93,9 @@ func newPublisher(t *Topic, cfg PublishSettings) *publisher {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultPublishTimeout
 	}
+	// A retry after the stream's duplicate window could store a message
+	// twice.
+	cfg.Timeout = min(cfg.Timeout, MaxPublishTimeout)
 	fc := cfg.FlowControlSettings
 	if fc.MaxOutstandingMessages == 0 {
 		fc.MaxOutstandingMessages = DefaultMaxOutstandingMessages
@@ -127,7 +136,7 @@ func (p *publisher) add(ctx context.Context, key string, msg *nats.Msg) *Publish
 			size += len(k) + len(v) + 4
 		}
 	}
-	if err := p.flow.acquire(ctx, size); err != nil {
+	if err := p.flow.acquire(ctx, size, p.hurry); err != nil {
 		return p.refuse(key, err)
 	}
 	p.mu.Lock()
@@ -184,19 +193,42 @@ func (p *publisher) schedule(q *keyQueue) {
 	if q.inFlight || len(q.pending) == 0 {
 		return
 	}
-	if len(q.pending) >= p.cfg.CountThreshold || q.bytes >= p.cfg.ByteThreshold {
+	if len(q.pending) >= p.cfg.CountThreshold || q.bytes >= p.cfg.ByteThreshold || p.hurrying > 0 || p.stopped {
 		p.sendLocked(q)
 		return
 	}
 	if q.timer == nil {
-		q.timer = time.AfterFunc(p.cfg.DelayThreshold, func() {
+		var t *time.Timer
+		t = time.AfterFunc(p.cfg.DelayThreshold, func() {
 			p.mu.Lock()
 			defer p.mu.Unlock()
+			if q.timer != t {
+				return // the batch went without waiting for this timer
+			}
 			q.timer = nil
 			if !q.inFlight && len(q.pending) > 0 {
 				p.sendLocked(q)
 			}
 		})
+		q.timer = t // before the callback can run: the caller holds p.mu
+	}
+}
+
+// hurry sends every waiting batch now, and makes later ones go at once
+// until done is called.
+func (p *publisher) hurry() (done func()) {
+	p.mu.Lock()
+	p.hurrying++
+	for _, q := range p.keys {
+		if !q.inFlight && len(q.pending) > 0 {
+			p.sendLocked(q)
+		}
+	}
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		p.hurrying--
+		p.mu.Unlock()
 	}
 }
 
@@ -236,7 +268,7 @@ func (p *publisher) sendBatch(q *keyQueue, batch []*pubItem) {
 		for _, e := range errs[firstFail:] {
 			suffix = suffix && e != nil
 		}
-		if suffix && transient(err) && time.Now().Add(backoff).Before(deadline) {
+		if suffix && p.retryable(err, q.key != "") && time.Now().Add(backoff).Before(deadline) {
 			p.t.c.cfg.logger.Debug("publish failed; retrying in order", "topic", p.t.id, "key", q.key, "messages", len(batch), "err", err)
 			time.Sleep(backoff)
 			backoff = min(2*backoff, 2*time.Second)
@@ -273,7 +305,7 @@ func (p *publisher) pipeline(batch []*pubItem, deadline time.Time) (int, []error
 	now := formatTime(time.Now())
 	for i, it := range batch {
 		writeSendTime(it.msg.Header, now)
-		futures[i], errs[i] = p.t.c.js.PublishMsgAsync(it.msg)
+		futures[i], errs[i] = p.t.c.js.PublishMsgAsync(it.msg, noLibraryRetry)
 		if errs[i] != nil {
 			for j := i + 1; j < len(batch); j++ {
 				errs[j] = errs[i]
@@ -353,13 +385,10 @@ func (p *publisher) drainedLocked(q *keyQueue) {
 
 // flush sends everything queued and waits until it is stored or failed.
 func (p *publisher) flush() {
+	done := p.hurry()
+	defer done()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, q := range p.keys {
-		if !q.inFlight && len(q.pending) > 0 {
-			p.sendLocked(q)
-		}
-	}
 	for p.busyLocked() {
 		p.idle.Wait()
 	}
@@ -383,14 +412,39 @@ func (p *publisher) resume(key string) {
 	}
 }
 
+// noLibraryRetry turns off nats.go's own re-send on "no responders": it
+// re-sends each message from its own timer, in no particular order, which
+// would store a key's messages out of order. The publisher retries instead.
+var noLibraryRetry = jetstream.WithRetryAttempts(0)
+
+// retryable reports whether a failed suffix of a batch may be sent again,
+// in order, with the same message ids.
+func (p *publisher) retryable(err error, keyed bool) bool {
+	switch {
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
+		// No stream took the message: a stream leader election, or the
+		// topic is gone.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, serr := p.t.c.js.Stream(ctx, p.t.stream)
+		return !errors.Is(serr, jetstream.ErrStreamNotFound)
+	case errors.Is(err, nats.ErrDisconnected):
+		// The connection dropped with acks outstanding. The server may have
+		// stored a later part of the batch (sent from the reconnect buffer)
+		// but not an earlier part (lost with the socket), so a retry could
+		// store a key's messages out of order: keyed batches pause instead.
+		return !keyed
+	}
+	return transient(err)
+}
+
 // transient reports whether a publish error may go away by itself.
 func transient(err error) bool {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, nats.ErrConnectionReconnecting),
-		errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrReconnectBufExceeded),
-		errors.Is(err, jetstream.ErrTooManyStalledMsgs):
+		errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, jetstream.ErrTooManyStalledMsgs):
 		return true
 	case errors.As(err, &apiErr):
 		return apiErr.Code == 503
@@ -422,32 +476,49 @@ func (f *flowController) fits(size int) bool {
 		(f.cfg.MaxOutstandingBytes < 0 || f.bytes+size <= f.cfg.MaxOutstandingBytes)
 }
 
-func (f *flowController) acquire(ctx context.Context, size int) error {
+// acquire takes room for one message of size bytes. Before it blocks it
+// calls onBlock, without holding f.mu, and calls the func that returns once
+// it stops waiting.
+func (f *flowController) acquire(ctx context.Context, size int, onBlock func() (done func())) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if err := ctx.Err(); err != nil {
+		f.mu.Unlock()
 		return err
 	}
-	if !f.fits(size) {
-		if f.cfg.LimitExceededBehavior == FlowControlSignalError {
-			return fmt.Errorf("%w: %d messages, %d bytes outstanding", ErrFlowControlLimit, f.msgs, f.bytes)
-		}
-		stop := context.AfterFunc(ctx, func() {
-			f.mu.Lock()
-			f.cond.Broadcast()
-			f.mu.Unlock()
-		})
-		defer stop()
-		for !f.fits(size) {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			f.cond.Wait()
-		}
+	if f.fits(size) {
+		f.take(size)
+		f.mu.Unlock()
+		return nil
 	}
+	if f.cfg.LimitExceededBehavior == FlowControlSignalError {
+		err := fmt.Errorf("%w: %d messages, %d bytes outstanding", ErrFlowControlLimit, f.msgs, f.bytes)
+		f.mu.Unlock()
+		return err
+	}
+	f.mu.Unlock()
+	done := onBlock()
+	defer done() // runs after f.mu.Unlock below: done takes the publisher's lock
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() {
+		f.mu.Lock()
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	})
+	defer stop()
+	for !f.fits(size) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		f.cond.Wait()
+	}
+	f.take(size)
+	return nil
+}
+
+func (f *flowController) take(size int) {
 	f.msgs++
 	f.bytes += size
-	return nil
 }
 
 func (f *flowController) release(size int) {

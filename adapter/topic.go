@@ -68,7 +68,8 @@ type PublishSettings struct {
 	CountThreshold int
 	ByteThreshold  int
 	// Timeout bounds how long a message is retried after transient
-	// failures before it fails for good (default 60s).
+	// failures before it fails for good (default 60s, at most 90s so that
+	// retries stay inside the duplicate window).
 	Timeout time.Duration
 	// FlowControlSettings bound what is outstanding between Publish and
 	// the results.

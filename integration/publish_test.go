@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -227,16 +226,32 @@ func TestPublishAfterStopAndFlowControl(t *testing.T) {
 		t.Fatalf("after a flow-control refusal: %v, want ErrPublishingPaused", err)
 	}
 
-	blocking := e.createTopic("blocking")
+	// A blocked Publish sends what is queued; while its ack is held back
+	// by the network, the wait ends with Publish's context.
+	e.createTopic("blocking")
+	proxy, err := faultproxy.Start(e.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	proxied, err := adapter.NewClient(testutil.Connect(t, proxy.URL()), project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocking := proxied.Topic("blocking")
 	blocking.PublishSettings.DelayThreshold = time.Hour
 	blocking.PublishSettings.FlowControlSettings = adapter.FlowControlSettings{MaxOutstandingMessages: 1}
-	blocking.Publish(ctx, &adapter.Message{Data: []byte("1")})
+	proxy.HoldReplies()
+	held := blocking.Publish(ctx, &adapter.Message{Data: []byte("1")})
 	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	if _, err := blocking.Publish(cctx, &adapter.Message{Data: []byte("2")}).Get(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("blocked publish with an ending context: %v, want DeadlineExceeded", err)
 	}
-	blocking.Flush()
+	proxy.ReleaseReplies()
+	if _, err := held.Get(ctx); err != nil {
+		t.Fatalf("the message that held the room: %v", err)
+	}
 }
 
 // Each way Publish can refuse a keyed message fails that message with its
@@ -313,13 +328,24 @@ func TestRetriedPublishIsStoredOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	const keys, perKey = 5, 20
 	topic := client.Topic("retried")
+	// Each key's messages (and the unkeyed ones) make exactly one batch,
+	// sent as soon as it is full, so every message is in flight at once.
+	topic.PublishSettings.CountThreshold = perKey
+	topic.PublishSettings.DelayThreshold = time.Hour
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	// Every attempt crosses the server as a plain NATS message; count them.
-	var attempts atomic.Int64
-	sub, err := e.nc.Subscribe(keyrouter.TopicSubjects(project, "retried"), func(*nats.Msg) { attempts.Add(1) })
+	// Every attempt crosses the server as a plain NATS message; count the
+	// attempts of each message id.
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	sub, err := e.nc.Subscribe(keyrouter.TopicSubjects(project, "retried"), func(m *nats.Msg) {
+		mu.Lock()
+		attempts[m.Header.Get("Nats-Msg-Id")]++
+		mu.Unlock()
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +354,6 @@ func TestRetriedPublishIsStoredOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	const keys, perKey = 5, 20
 	proxy.HoldReplies()
 	var results []*adapter.PublishResult
 	want := map[string]int{}
@@ -343,8 +368,19 @@ func TestRetriedPublishIsStoredOnce(t *testing.T) {
 		}
 	}
 	total := len(results)
-	testutil.Eventually(t, 30*time.Second, func() bool { return attempts.Load() >= int64(2*total) },
-		"every message sent at least twice: %d attempts for %d messages", attempts.Load, total)
+	retried := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, a := range attempts {
+			if a >= 2 {
+				n++
+			}
+		}
+		return n
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool { return retried() == total },
+		"every message sent at least twice: %d of %d were", retried, total)
 	proxy.ReleaseReplies()
 
 	ids := map[string]bool{}
@@ -359,6 +395,55 @@ func TestRetriedPublishIsStoredOnce(t *testing.T) {
 		t.Fatalf("%d distinct ids for %d messages", len(ids), total)
 	}
 	if n := storedOrder(t, e, "retried", want); n != total {
-		t.Fatalf("%d messages stored after %d attempts, want %d", n, attempts.Load(), total)
+		t.Fatalf("%d messages stored, want %d", n, total)
 	}
+}
+
+// Flush, and a Publish blocked by flow control, send queued batches at once
+// rather than after DelayThreshold, also those queued behind a batch in
+// flight.
+func TestFlushAndBlockedPublishDoNotWaitForTheDelay(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("hurry")
+	topic.PublishSettings.CountThreshold = 10
+	topic.PublishSettings.DelayThreshold = time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var results []*adapter.PublishResult
+	for i := range 15 { // one full batch goes; five wait behind it
+		results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode("k", i), OrderingKey: "k"}))
+	}
+	flushed := make(chan struct{})
+	go func() { topic.Flush(); close(flushed) }()
+	select {
+	case <-flushed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Flush waited for the delay threshold")
+	}
+	for i, r := range results {
+		select {
+		case <-r.Ready():
+		default:
+			t.Fatalf("result %d not known after Flush", i)
+		}
+	}
+
+	limited := e.createTopic("hurry-blocked")
+	limited.PublishSettings.CountThreshold = 100
+	limited.PublishSettings.DelayThreshold = time.Hour
+	limited.PublishSettings.FlowControlSettings = adapter.FlowControlSettings{MaxOutstandingMessages: 5}
+	for i := range 20 { // the sixth waits for room, which only a send makes
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+		results = append(results, limited.Publish(ctx, &adapter.Message{Data: ordercheck.Encode("k", i), OrderingKey: "k"}))
+	}
+	limited.Flush()
+	for i, r := range results {
+		if _, err := r.Get(ctx); err != nil {
+			t.Fatalf("result %d: %v", i, err)
+		}
+	}
+	storedOrder(t, e, "hurry", map[string]int{"k": 15})
+	storedOrder(t, e, "hurry-blocked", map[string]int{"k": 20})
 }
