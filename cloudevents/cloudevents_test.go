@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/url"
 	"strings"
 	"testing"
@@ -154,35 +155,50 @@ func TestDecodesSDKGoEncodings(t *testing.T) {
 	sameEvent(t, *got, want)
 }
 
-func TestSequenceStampedFromStreamPositionWhenMissing(t *testing.T) {
-	e := NewEvent()
+// minimalEvent has only the required attributes (and no recordedtime).
+func minimalEvent() event.Event {
+	e := event.New()
 	e.SetID("1")
 	e.SetSource("/s")
 	e.SetType("t")
-	m, err := Encode(e, Binary)
-	if err != nil {
-		t.Fatal(err)
+	return e
+}
+
+func TestSequenceStampedFromStreamPositionWhenMissing(t *testing.T) {
+	e := minimalEvent()
+	stamped := func(pos uint64) string {
+		t.Helper()
+		m, err := Encode(e, Binary)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.StreamSequence = pos
+		got, err := Decode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq, ok := Sequence(*got)
+		if !ok || len(seq) != 20 {
+			t.Fatalf("position %d: sequence %q", pos, seq)
+		}
+		return seq
 	}
-	m.StreamSequence = 42
-	got, err := Decode(m)
-	if err != nil {
-		t.Fatal(err)
+	if seq := stamped(42); seq != "00000000000000000042" {
+		t.Fatalf("sequence %q", seq)
 	}
-	if seq, ok := Sequence(*got); !ok || seq != "00000000000000000042" {
-		t.Fatalf("sequence %q %v", seq, ok)
-	}
-	// 20 digits hold every uint64, so string order is number order.
-	if len(strings.Repeat("9", 20)) < len("18446744073709551615") {
-		t.Fatal("20 digits do not hold a uint64")
+	// 20 digits hold every uint64, so string order is number order up to
+	// the last position.
+	if a, b := stamped(9), stamped(math.MaxUint64); a >= b {
+		t.Fatalf("%q sorts after %q", a, b)
 	}
 
 	// A producer's own sequence is kept.
 	if err := SetSequence(&e, "b-0001"); err != nil {
 		t.Fatal(err)
 	}
-	m, _ = Encode(e, Structured)
+	m, _ := Encode(e, Structured)
 	m.StreamSequence = 42
-	got, err = Decode(m)
+	got, err := Decode(m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,10 +208,7 @@ func TestSequenceStampedFromStreamPositionWhenMissing(t *testing.T) {
 }
 
 func TestRecordedTimeKeepsTheProducersText(t *testing.T) {
-	e := event.New()
-	e.SetID("1")
-	e.SetSource("/s")
-	e.SetType("t")
+	e := minimalEvent()
 	const text = "2026-11-21T10:00:00.123+01:00" // not how sdk-go would write it
 	e.SetExtension(ExtRecordedTime, text)
 	for _, mode := range []Mode{Binary, Structured} {
@@ -213,11 +226,7 @@ func TestRecordedTimeKeepsTheProducersText(t *testing.T) {
 		}
 	}
 	// Encode stamps a missing one, with microseconds, in UTC.
-	e = event.New()
-	e.SetID("1")
-	e.SetSource("/s")
-	e.SetType("t")
-	m, err := Encode(e, Binary)
+	m, err := Encode(minimalEvent(), Binary)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,13 +236,7 @@ func TestRecordedTimeKeepsTheProducersText(t *testing.T) {
 }
 
 func TestBadInputNamesTheAttribute(t *testing.T) {
-	valid := func() event.Event {
-		e := NewEvent()
-		e.SetID("1")
-		e.SetSource("/s")
-		e.SetType("t")
-		return e
-	}
+	valid := minimalEvent
 	noSource := valid()
 	noSource.SetSource("")
 	badRecorded := valid()

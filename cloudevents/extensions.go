@@ -2,12 +2,13 @@ package cloudevents
 
 import (
 	"fmt"
-	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/types"
+
+	"github.com/jetorder/jetorder/keyrouter"
 )
 
 // Extension names.
@@ -121,43 +122,18 @@ func percentEncode(s string) string {
 
 func mustEscape(c byte) bool { return c <= ' ' || c == '"' || c == '%' || c >= 0x7f }
 
-// percentDecode undoes percentEncode. Bytes that need no escape pass as
-// they are, so values written unescaped (as sdk-go's bindings write them)
-// read back unchanged, unless they hold a '%' that does not start an
-// escape: that is an error, as is a result that is not UTF-8.
+// percentDecode undoes percentEncode (keyrouter.DecodeKey decodes the same
+// %XX escapes). Bytes that need no escape pass as they are, so values
+// written unescaped (as sdk-go's bindings write them) read back unchanged,
+// unless they hold a '%' that does not start an escape: that is an error,
+// as is a result that is not UTF-8.
 func percentDecode(s string) (string, error) {
-	if strings.IndexByte(s, '%') < 0 {
-		if !utf8.ValidString(s) {
-			return "", fmt.Errorf("value is not UTF-8")
-		}
-		return s, nil
+	v, err := keyrouter.DecodeKey(s)
+	if err != nil {
+		return "", fmt.Errorf("%q is not valid percent-encoding", s)
 	}
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		if s[i] != '%' {
-			b = append(b, s[i])
-			continue
-		}
-		if i+2 >= len(s) || unhex(s[i+1]) < 0 || unhex(s[i+2]) < 0 {
-			return "", fmt.Errorf("%q is not valid percent-encoding at byte %d", s, i)
-		}
-		b = append(b, byte(unhex(s[i+1])<<4|unhex(s[i+2])))
-		i += 2
-	}
-	if !utf8.Valid(b) {
+	if !utf8.ValidString(v) {
 		return "", fmt.Errorf("%q decodes to bytes that are not UTF-8", s)
 	}
-	return string(b), nil
-}
-
-func unhex(c byte) int {
-	switch {
-	case c >= '0' && c <= '9':
-		return int(c - '0')
-	case c >= 'a' && c <= 'f':
-		return int(c-'a') + 10
-	case c >= 'A' && c <= 'F':
-		return int(c-'A') + 10
-	}
-	return -1
+	return v, nil
 }

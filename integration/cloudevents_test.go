@@ -55,11 +55,7 @@ func (l *eventLog) count() int { return len(l.snapshot()) }
 
 func receiveEvents(t *testing.T, sub *adapter.Subscription, l *eventLog) *receiving {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &receiving{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- ce.Receive(ctx, sub, l.handler) }()
-	t.Cleanup(func() { r.stop() })
-	return r
+	return startReceiving(t, func(ctx context.Context) error { return ce.Receive(ctx, sub, l.handler) })
 }
 
 func newTestEvent(source string, i int) event.Event {

@@ -92,9 +92,16 @@ type receiving struct {
 // startReceive runs sub.Receive(f) until stop is called or the test ends.
 func startReceive(t *testing.T, sub *adapter.Subscription, f func(context.Context, *adapter.Message)) *receiving {
 	t.Helper()
+	return startReceiving(t, func(ctx context.Context) error { return sub.Receive(ctx, f) })
+}
+
+// startReceiving runs receive (a Receive call of some kind) until stop is
+// called or the test ends.
+func startReceiving(t *testing.T, receive func(context.Context) error) *receiving {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &receiving{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- sub.Receive(ctx, f) }()
+	go func() { r.done <- receive(ctx) }()
 	t.Cleanup(func() { r.stop() })
 	return r
 }
