@@ -20,6 +20,8 @@ bench:
 FUZZTIME ?= 30s
 fuzz:
 	$(GO) test ./keyrouter -run '^$$' -fuzz FuzzKeyToken -fuzztime $(FUZZTIME)
+	$(GO) test ./didcomm -run '^$$' -fuzz FuzzReadPlaintext -fuzztime $(FUZZTIME)
+	$(GO) test ./didcomm -run '^$$' -fuzz FuzzReadHeader -fuzztime $(FUZZTIME)
 
 build:
 	$(GO) build ./...

@@ -27,6 +27,7 @@ import (
 const (
 	subscriptionsBucket = "JO_SUBSCRIPTIONS"
 	leasesBucket        = "JO_LEASES"
+	stateBucket         = "JO_STATE"
 )
 
 // Client is the entry point: topics and subscriptions of one project over a

@@ -330,7 +330,48 @@ func (s *Subscription) Delete(ctx context.Context) error {
 	if err := s.c.deleteConsumers(ctx, rec); err != nil {
 		return fmt.Errorf("delete subscription %s: %w", s, err)
 	}
+	if err := s.purgeState(ctx); err != nil {
+		return fmt.Errorf("delete subscription %s: state: %w", s, err)
+	}
 	return nil
+}
+
+// State returns the KV bucket where layers above the adapter keep state of
+// their own for this subscription (didcomm keeps its gap tracking there),
+// and the key prefix that belongs to it. Keys under prefix+"." are the
+// caller's; Delete removes them with the subscription. The prefix names
+// this incarnation of the subscription, so a subscription deleted and
+// created again with the same id starts with no state.
+func (s *Subscription) State(ctx context.Context) (kv jetstream.KeyValue, prefix string, err error) {
+	ctx, cancel := s.c.withTimeout(ctx)
+	defer cancel()
+	rec, err := s.load(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	kv, err = s.c.openBucket(ctx, jetstream.KeyValueConfig{
+		Bucket:      stateBucket,
+		Description: "jetorder per-subscription state of the layers above the adapter",
+		Storage:     jetstream.FileStorage,
+		Replicas:    s.c.cfg.replicas,
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return kv, s.kvKey() + "." + strconv.FormatInt(rec.Created.UnixNano(), 10), nil
+}
+
+// purgeState removes every state key of the subscription, of every
+// incarnation, in one purge of the state bucket's stream.
+func (s *Subscription) purgeState(ctx context.Context) error {
+	stream, err := s.c.js.Stream(ctx, "KV_"+stateBucket)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil // no layer ever kept state
+	}
+	if err != nil {
+		return err
+	}
+	return stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+stateBucket+"."+s.kvKey()+".>"))
 }
 
 // deleteConsumers removes every consumer of the subscription from its

@@ -187,6 +187,18 @@ func DeliverSubject(project, sub string) string {
 // KVKey turns ids into a KV key ("<P>.<S>").
 func KVKey(project, id string) string { return encodeName(project) + "." + encodeName(id) }
 
+// KVToken turns any string into one KV key token: [A-Za-z0-9-] as they
+// are, every other byte as _XX, and strings whose token would be longer
+// than MaxTokenBytes as "=" followed by the base32 of their SHA-256 (the
+// readable form never holds '=').
+func KVToken(s string) string {
+	enc := encodeName(s)
+	if len(enc) <= MaxTokenBytes {
+		return enc
+	}
+	return "=" + hashString(s)
+}
+
 // KVProjectFilter matches every KVKey of a project.
 func KVProjectFilter(project string) string { return encodeName(project) + ".*" }
 

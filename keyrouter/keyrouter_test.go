@@ -230,3 +230,26 @@ func FuzzKeyToken(f *testing.F) {
 		}
 	})
 }
+
+func TestKVToken(t *testing.T) {
+	kvSafe := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			if !isAlnum(s[i]) && !strings.ContainsRune("-_=", rune(s[i])) {
+				return false
+			}
+		}
+		return s != ""
+	}
+	for _, s := range []string{"thread-1", "did:ex:alice", "a.b*c>", "ü\x00\n", strings.Repeat("x", MaxTokenBytes+1)} {
+		tok := KVToken(s)
+		if !kvSafe(tok) || len(tok) > MaxTokenBytes+1 {
+			t.Errorf("KVToken(%.20q) = %q: not one short KV key token", s, tok)
+		}
+	}
+	if KVToken("a.b") == KVToken("a_2Eb") {
+		t.Error("KVToken collides for a.b and a_2Eb")
+	}
+	if KVToken("thread-1") != "thread-1" {
+		t.Errorf("KVToken(thread-1) = %q, want it readable", KVToken("thread-1"))
+	}
+}
