@@ -6,6 +6,8 @@
 //   - the adapter at 1, 16, 256 and 4,096 keys (messages/s and the ratio to
 //     each baseline), consumers alive after the keys go idle;
 //   - publish-to-handler latency, adapter and raw, at a steady rate;
+//   - the DIDComm tracker in memory (1,000,000 messages over 10,000
+//     threads) and didcomm.Receive with its state in KV;
 //   - process RSS (the embedded server runs in this process too).
 //
 // Every run publishes its messages first and then times consumption only,
@@ -44,7 +46,7 @@ var (
 	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
 	rounds      = flag.Int("rounds", 3, "rounds of baselines and adapter runs (key counts over 256 run once, in an extra last round)")
 	burstKeys   = flag.Int("burst", 10_000, "keys in the new-key burst run (0 skips it)")
-	runs        = flag.String("runs", "ordered,publish,burst,latency", "which runs to do, comma-separated")
+	runs        = flag.String("runs", "ordered,publish,burst,latency,didcomm", "which runs to do, comma-separated")
 )
 
 const project = "bench"
@@ -148,6 +150,14 @@ func main() {
 		adLat := b.orderedLatency(16, 2000, 3*time.Second)
 		fmt.Printf("latency publish->handler at 2000 msg/s: raw p50 %v p99 %v; adapter (16 keys) p50 %v p99 %v\n",
 			rawLat.p50, rawLat.p99, adLat.p50, adLat.p99)
+	}
+	if selected("didcomm") {
+		b.didcommTracker(10_000, n(1_000_000))
+		for round := 1; round <= *rounds; round++ {
+			raw, plain, tracked := b.didcommReceive(256, n(20_000))
+			fmt.Printf("%-5d didcomm.Receive, 256 threads on 256 keys, %d msgs: raw %.0f msgs/s; adapter Receive %.0f (%.2fx raw); didcomm.Receive with KV state %.0f (%.2fx raw, %.2fx adapter)\n",
+				round, n(20_000), raw, plain, plain/raw, tracked, tracked/raw, tracked/plain)
+		}
 	}
 	fmt.Printf("process RSS at end: %s\n", rss())
 }

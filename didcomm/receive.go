@@ -15,7 +15,8 @@ const (
 	// failed on the store before handing it back, so that a store outage
 	// does not turn into a redelivery loop.
 	storeRetryDelay = time.Second
-	// releaseTimeout bounds the store update of Delivery.Ack.
+	// releaseTimeout bounds Delivery.Ack's release, which loads the
+	// thread's state when it is no longer in memory.
 	releaseTimeout = 5 * time.Second
 )
 
@@ -49,9 +50,8 @@ type Delivery struct {
 }
 
 // Ack acknowledges the message. For a tracked message it first tells the
-// tracker (a store update, so Ack may block for a round trip): a copy
-// delivered again after the ack is then a duplicate. The first of Ack and
-// Nack wins.
+// tracker (Tracker.Release): a copy delivered again after the ack is then
+// a duplicate. The first of Ack and Nack wins.
 func (d *Delivery) Ack() {
 	d.settled.Do(func() {
 		if d.Tracked {

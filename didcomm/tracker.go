@@ -166,9 +166,18 @@ type threadEntry struct {
 	id string
 
 	mu     sync.Mutex
-	st     *threadState // nil: to load from the store
-	rev    uint64       // the store's revision of st
-	loaded bool
+	st     *threadState
+	rev    uint64 // the store's revision of st
+	loaded bool   // false: st is to be loaded from the store
+	// released are claims released in memory and not yet saved: they are
+	// saved with the thread's next change, and applied again to state
+	// loaded meanwhile.
+	released []claimRef
+}
+
+type claimRef struct {
+	sender     string
+	order, pos uint64
 }
 
 // NewTracker returns a tracker; without WithStore it keeps its state in
@@ -240,8 +249,14 @@ func (t *Tracker) Observe(ctx context.Context, h Headers, pos uint64) (Observati
 		opened    Range
 		abandoned []Range
 	)
-	err := t.update(ctx, e, func(st *threadState) (changed bool, err error) {
+	err := t.update(ctx, e, func(st *threadState, fresh bool) (changed bool, err error) {
 		v, opened, abandoned, err = st.observe(h.From, h.SenderOrder, pos, t.limits())
+		if v == redelivery && !fresh && t.cfg.store != nil {
+			// A claim in memory may have been released by another
+			// tracker: check against the saved state. (A duplicate needs
+			// no check: what was seen stays seen.)
+			return false, errStale
+		}
 		return err == nil && v != duplicate && v != redelivery && v != untracked, err
 	})
 	if err != nil {
@@ -281,14 +296,24 @@ func (t *Tracker) Observe(ctx context.Context, h Headers, pos uint64) (Observati
 
 // Release tells the tracker that the copy of h's message at stream
 // position pos was acked: a later delivery of it is a duplicate. Receive
-// calls it from Delivery.Ack.
+// calls it from Delivery.Ack. It does no I/O when the thread is in memory:
+// the release is saved with the thread's next change. Until then, only a
+// redelivery of this very copy (its ack lost) would be handed over again,
+// which at-least-once delivery allows.
 func (t *Tracker) Release(ctx context.Context, h Headers, pos uint64) error {
 	if err := h.validate(); err != nil || pos == 0 {
 		return err
 	}
-	return t.update(ctx, t.entry(h.ThreadID()), func(st *threadState) (bool, error) {
-		return st.release(h.From, h.SenderOrder, pos), nil
-	})
+	e := t.entry(h.ThreadID())
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := t.load(ctx, e); err != nil {
+		return err
+	}
+	if e.st.release(h.From, h.SenderOrder, pos) && t.cfg.store != nil {
+		e.released = append(e.released, claimRef{h.From, h.SenderOrder, pos})
+	}
+	return nil
 }
 
 // ReceivedOrders returns the thread's received_orders: per sender, the
@@ -339,29 +364,41 @@ func (t *Tracker) load(ctx context.Context, e *threadEntry) error {
 			}
 		}
 		e.rev = rev
+		for _, r := range e.released {
+			e.st.release(r.sender, r.order, r.pos)
+		}
 	}
 	e.loaded = true
 	return nil
 }
 
+// errStale asks update to load the state and apply f again.
+var errStale = errors.New("didcomm: state in memory may be stale")
+
 // update applies f to the thread's state and, when f changed it, saves it,
-// loading and applying again when another tracker saved first. On any
-// error the state in memory is dropped, to be loaded again.
-func (t *Tracker) update(ctx context.Context, e *threadEntry, f func(*threadState) (bool, error)) error {
+// loading and applying again when another tracker saved first or f asks
+// for fresh state (errStale). f learns whether the state was just loaded.
+// On any error the state in memory is dropped, to be loaded again.
+func (t *Tracker) update(ctx context.Context, e *threadEntry, f func(st *threadState, fresh bool) (bool, error)) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for attempt := 0; ; attempt++ {
+		fresh := !e.loaded
 		if err := t.load(ctx, e); err != nil {
 			return err
 		}
-		changed, err := f(e.st)
+		changed, err := f(e.st, fresh)
+		if errors.Is(err, errStale) {
+			e.loaded = false
+			continue
+		}
 		if err != nil || !changed || t.cfg.store == nil {
 			return err
 		}
 		data, _ := json.Marshal(e.st)
 		rev, err := t.cfg.store.Save(ctx, e.id, data, e.rev)
 		if err == nil {
-			e.rev = rev
+			e.rev, e.released = rev, nil
 			return nil
 		}
 		e.loaded = false

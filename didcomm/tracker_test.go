@@ -320,3 +320,82 @@ func TestConcurrentThreadsAndSenders(t *testing.T) {
 		}
 	}
 }
+
+// memStore is a Store in a map, with revisions, for the tracker's own
+// tests; the KV store is tested against a real server in integration/.
+type memStore struct {
+	mu    sync.Mutex
+	state map[string][]byte
+	rev   map[string]uint64
+	next  uint64
+	saves int
+}
+
+func newMemStore() *memStore {
+	return &memStore{state: map[string][]byte{}, rev: map[string]uint64{}}
+}
+
+func (m *memStore) Load(_ context.Context, thread string) ([]byte, uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.state[thread], m.rev[thread], nil
+}
+
+func (m *memStore) Save(_ context.Context, thread string, state []byte, rev uint64) (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rev[thread] != rev {
+		return 0, ErrStateConflict
+	}
+	m.next++
+	m.state[thread], m.rev[thread] = slices.Clone(state), m.next
+	m.saves++
+	return m.next, nil
+}
+
+func (m *memStore) Delete(_ context.Context, thread string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.state, thread)
+	delete(m.rev, thread)
+	return nil
+}
+
+// Two trackers on one store: what one saw, the other drops; a release is
+// saved with the thread's next change.
+func TestTrackersShareAStore(t *testing.T) {
+	store := newMemStore()
+	a, b := newTracker(t, WithStore(store)), newTracker(t, WithStore(store))
+	ctx := context.Background()
+	observe(t, a, msg("t", "s", 1), 10)
+	if obs := observe(t, b, msg("t", "s", 1), 11); !obs.Duplicate {
+		t.Fatalf("b handed over a copy a saw: %+v", obs)
+	}
+	// b's view of the claim: the copy at 10 is still being handled.
+	if obs := observe(t, b, msg("t", "s", 1), 10); !obs.Redelivery {
+		t.Fatalf("redelivery of a's copy on b: %+v", obs)
+	}
+	saves := store.saves
+	if err := a.Release(ctx, msg("t", "s", 1), 10); err != nil {
+		t.Fatal(err)
+	}
+	if store.saves != saves {
+		t.Fatal("Release saved at once")
+	}
+	// b changes the thread; a's next change conflicts, loads b's state,
+	// applies its pending release again and saves both.
+	observe(t, b, msg("t", "s", 2), 12)
+	observe(t, a, msg("t", "s", 3), 13)
+	if obs := observe(t, b, msg("t", "s", 1), 10); !obs.Duplicate {
+		t.Fatalf("the acked copy at 10 after the release was saved: %+v", obs)
+	}
+	if got, want := renderOrders(t, b, "t"), `[{"id":"s","last":3,"gaps":[]}]`; got != want {
+		t.Fatalf("got %s want %s", got, want)
+	}
+	if err := a.Forget(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	if got := renderOrders(t, b, "t"); got != "[]" {
+		t.Fatalf("after Forget: %s", got)
+	}
+}

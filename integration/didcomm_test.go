@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,6 +40,8 @@ type handedOver struct {
 	events       []didcomm.EventKind
 	err          error
 	receiver     int
+	pos          uint64
+	attempt      int
 }
 
 func (h handedOver) String() string {
@@ -53,7 +56,7 @@ type handoverLog struct {
 
 func (l *handoverLog) handler(receiver int) didcomm.Handler {
 	return func(ctx context.Context, d *didcomm.Delivery) {
-		ho := handedOver{thread: d.Headers.ThreadID(), from: d.Headers.From, order: d.Headers.SenderOrder, sent: max(d.Headers.SentCount, 1), err: d.Err, receiver: receiver}
+		ho := handedOver{thread: d.Headers.ThreadID(), from: d.Headers.From, order: d.Headers.SenderOrder, sent: max(d.Headers.SentCount, 1), err: d.Err, receiver: receiver, pos: d.Message.StreamSequence, attempt: d.Message.DeliveryAttempt}
 		for _, e := range d.Events {
 			ho.events = append(ho.events, e.Kind)
 		}
@@ -74,7 +77,7 @@ func (l *handoverLog) count() int { return len(l.snapshot()) }
 
 func receiveDIDComm(t *testing.T, sub *adapter.Subscription, l *handoverLog, receiver int) *receiving {
 	t.Helper()
-	tr, err := didcomm.NewTracker()
+	tr, err := didcomm.OpenSubscriptionTracker(context.Background(), sub)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,6 +293,11 @@ func TestDIDCommTwoSubscribersShareState(t *testing.T) {
 	for k, n := range seen {
 		if n != 1 {
 			t.Errorf("%s handed over %d times", k, n)
+			for _, h := range log.snapshot() {
+				if strings.HasPrefix(h.String(), k+"(") {
+					t.Logf("  %v receiver %d pos %d attempt %d", h, h.receiver, h.pos, h.attempt)
+				}
+			}
 		}
 	}
 	if len(seen) != want {
