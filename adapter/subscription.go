@@ -165,6 +165,14 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 	if err != nil {
 		return nil, err
 	}
+	// State left by an earlier subscription of this id (a Delete that
+	// failed half-way, or a receiver that saved after it) goes now, while
+	// no subscription of the id exists.
+	if _, err := kv.Get(ctx, s.kvKey()); errors.Is(err, jetstream.ErrKeyNotFound) {
+		if err := s.purgeState(ctx); err != nil {
+			return nil, fmt.Errorf("create subscription %s: clear old state: %w", s, err)
+		}
+	}
 	// The registry entry claims the id before any consumer exists, so two
 	// creates of the same id cannot both succeed.
 	if _, err := kv.Create(ctx, s.kvKey(), data); err != nil {

@@ -26,6 +26,10 @@ var (
 	// ErrTooManySenders: a thread already tracks MaxSendersPerThread senders
 	// and a message came from another one; it is not tracked.
 	ErrTooManySenders = errors.New("didcomm: too many senders in one thread")
+	// ErrStateTooLarge: saving the thread's state would pass MaxStateBytes
+	// (possible only with limits raised above their defaults); the message
+	// is not tracked.
+	ErrStateTooLarge = errors.New("didcomm: thread state too large")
 	// ErrStateConflict is returned by a Store's Save when the state changed
 	// since it was loaded; the tracker then loads it again and retries.
 	ErrStateConflict = errors.New("didcomm: tracker state changed concurrently")

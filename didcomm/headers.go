@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 
@@ -172,6 +174,7 @@ func WritePlaintext(data []byte, h Headers) ([]byte, error) {
 // ReadHeader reads the sequencing headers from Didcomm- NATS headers. ok
 // is false when there are none.
 func ReadHeader(nh nats.Header) (h Headers, ok bool, err error) {
+	nh = canonicalDIDCommHeaders(nh)
 	for _, name := range []string{HeaderID, HeaderThread, HeaderFrom, HeaderSenderOrder, HeaderSentCount, HeaderReceivedOrders} {
 		if _, present := nh[name]; present {
 			ok = true
@@ -204,6 +207,32 @@ func ReadHeader(nh nats.Header) (h Headers, ok bool, err error) {
 		}
 	}
 	return h, true, nil
+}
+
+// canonicalDIDCommHeaders returns nh with Didcomm- headers written in any
+// case (didcomm-sender-order) under their canonical names: header names
+// are case-insensitive, nats.Header lookups are not.
+func canonicalDIDCommHeaders(nh nats.Header) nats.Header {
+	var out nats.Header
+	for name, vals := range nh {
+		if len(name) < len("didcomm-") || !strings.EqualFold(name[:len("didcomm-")], "didcomm-") {
+			continue
+		}
+		for _, canon := range []string{HeaderID, HeaderThread, HeaderFrom, HeaderSenderOrder, HeaderSentCount, HeaderReceivedOrders} {
+			if name != canon && strings.EqualFold(name, canon) {
+				if out == nil {
+					out = maps.Clone(nh)
+				}
+				if _, taken := out[canon]; !taken {
+					out[canon] = vals
+				}
+			}
+		}
+	}
+	if out == nil {
+		return nh
+	}
+	return out
 }
 
 // WriteHeader writes h as Didcomm- NATS headers, for a payload that is not
@@ -261,7 +290,7 @@ func ParseReceivedOrders(data []byte) ([]ReceivedOrder, error) {
 		for _, g := range gaps {
 			n, err := parseNatural(string(g))
 			if err != nil || n >= last {
-				return nil, fmt.Errorf("%w: entry %d (%s): gap %s is not a whole number in 1..%d", ErrInvalidReceivedOrders, i, ro.ID, g, last-1)
+				return nil, fmt.Errorf("%w: entry %d (%s): gap %.40s is not a whole number in 1..%d", ErrInvalidReceivedOrders, i, ro.ID, g, last-1)
 			}
 			ro.Gaps = append(ro.Gaps, n)
 		}
@@ -304,9 +333,14 @@ func plaintextMembers(data []byte) (map[string]json.RawMessage, error) {
 // headersOf reads the sequencing headers out of a plaintext message's
 // members.
 func headersOf(members map[string]json.RawMessage) (h Headers, err error) {
+	for name, raw := range members {
+		if bytes.Equal(raw, []byte("null")) {
+			delete(members, name) // null is absent, for every header
+		}
+	}
 	for name, dst := range map[string]*string{"id": &h.ID, "thid": &h.Thread, "from": &h.From} {
 		raw, ok := members[name]
-		if !ok || bytes.Equal(raw, []byte("null")) {
+		if !ok {
 			continue
 		}
 		if !isJSONString(raw) || json.Unmarshal(raw, dst) != nil {

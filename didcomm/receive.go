@@ -40,9 +40,9 @@ type Delivery struct {
 	// an out-of-order arrival, gaps given up.
 	Events []Event
 	// Err is why a message with sequencing headers is not tracked: a header
-	// error (ErrInvalidSenderOrder, ErrMissingSender, ...) or
-	// ErrTooManySenders. The message is handed over all the same; the
-	// handler decides what to do with it.
+	// error (ErrInvalidSenderOrder, ErrMissingSender, ...),
+	// ErrTooManySenders or ErrStateTooLarge. The message is handed over all
+	// the same; the handler decides what to do with it.
 	Err error
 
 	t       *Tracker
@@ -99,6 +99,15 @@ func Receive(ctx context.Context, sub *adapter.Subscription, t *Tracker, f Handl
 	if t == nil || f == nil {
 		return fmt.Errorf("%w: didcomm.Receive needs a tracker and a handler", adapter.ErrInvalidConfig)
 	}
+	if t.boundTo != "" {
+		store, err := SubscriptionStore(ctx, sub)
+		if err != nil {
+			return err
+		}
+		if store.prefix != t.boundTo {
+			return fmt.Errorf("%w: the tracker was opened for another subscription, or for %s before it was deleted and created again", adapter.ErrInvalidConfig, sub)
+		}
+	}
 	return sub.Receive(ctx, func(ctx context.Context, m *adapter.Message) {
 		d := &Delivery{Message: m, t: t}
 		h, err := Read(m)
@@ -112,7 +121,7 @@ func Receive(ctx context.Context, sub *adapter.Subscription, t *Tracker, f Handl
 			d.Headers = h
 			obs, err := t.Observe(ctx, h, m.StreamSequence)
 			switch {
-			case errors.Is(err, ErrMissingID) || errors.Is(err, ErrMissingSender) || errors.Is(err, ErrTooManySenders):
+			case errors.Is(err, ErrMissingID) || errors.Is(err, ErrMissingSender) || errors.Is(err, ErrTooManySenders) || errors.Is(err, ErrStateTooLarge):
 				d.Err = err
 			case err != nil:
 				t.cfg.logger.Warn("didcomm: tracking failed; the message is handed back", "thread", h.ThreadID(), "err", err)
@@ -134,11 +143,18 @@ func Receive(ctx context.Context, sub *adapter.Subscription, t *Tracker, f Handl
 }
 
 // OpenSubscriptionTracker returns a tracker whose state is kept in the
-// subscription's store (SubscriptionStore), for Receive on sub.
+// subscription's store (SubscriptionStore), for Receive on sub. Receive
+// refuses it for any other subscription, and for sub once it was deleted
+// and created again.
 func OpenSubscriptionTracker(ctx context.Context, sub *adapter.Subscription, opts ...Option) (*Tracker, error) {
 	store, err := SubscriptionStore(ctx, sub)
 	if err != nil {
 		return nil, err
 	}
-	return NewTracker(append(opts, WithStore(store))...)
+	t, err := NewTracker(append(opts, WithStore(store))...)
+	if err != nil {
+		return nil, err
+	}
+	t.boundTo = store.prefix
+	return t, nil
 }

@@ -2,6 +2,7 @@ package didcomm
 
 import (
 	"fmt"
+	"math"
 	"sync"
 )
 
@@ -44,6 +45,10 @@ func (s *Sequencer) Stamp(h *Headers) error {
 	}
 	s.mu.Lock()
 	m := s.senders(h.ThreadID())
+	if m[h.From] == math.MaxUint64 {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: thread %q sender %q has used every order", ErrInvalidSenderOrder, h.ThreadID(), h.From)
+	}
 	m[h.From]++
 	h.SenderOrder = m[h.From]
 	s.mu.Unlock()

@@ -1,6 +1,8 @@
 package didcomm
 
 import (
+	"encoding/json"
+	"errors"
 	"slices"
 	"sort"
 )
@@ -21,7 +23,7 @@ type senderState struct {
 	Last uint64 `json:"l"`
 	// Gaps are the missing orders below Last: ascending, disjoint, not
 	// adjacent, all above Floor.
-	Gaps []Range `json:"g,omitempty"`
+	Gaps gapList `json:"g,omitempty"`
 	// Floor: gaps at or below it were given up when there were more than
 	// MaxGapRanges of them; orders there are no longer tracked.
 	Floor uint64 `json:"f,omitempty"`
@@ -29,14 +31,48 @@ type senderState struct {
 	// handed to the application and not yet acked: a redelivery of that
 	// same copy is not a duplicate.
 	Claims map[uint64]uint64 `json:"c,omitempty"`
+	// Evicted is the largest stream position of a claim dropped to stay
+	// within the thread's claim limit. A seen order arriving at or below
+	// it with no claim may be that copy coming back: it is handed over
+	// (at least once), not dropped.
+	Evicted uint64 `json:"e,omitempty"`
 	// Rank is the order in which the thread first saw its senders:
 	// received_orders lists them in that order.
 	Rank int `json:"r,omitempty"`
 }
 
+// gapList is saved as one flat array [first, last, first, last, ...]:
+// half the bytes of objects, for state that must fit one KV value.
+type gapList []Range
+
+func (g gapList) MarshalJSON() ([]byte, error) {
+	flat := make([]uint64, 0, 2*len(g))
+	for _, r := range g {
+		flat = append(flat, r.First, r.Last)
+	}
+	return json.Marshal(flat)
+}
+
+func (g *gapList) UnmarshalJSON(data []byte) error {
+	var flat []uint64
+	if err := json.Unmarshal(data, &flat); err != nil {
+		return err
+	}
+	if len(flat)%2 != 0 {
+		return errors.New("odd number of gap bounds")
+	}
+	*g = make(gapList, 0, len(flat)/2)
+	for i := 0; i < len(flat); i += 2 {
+		*g = append(*g, Range{First: flat[i], Last: flat[i+1]})
+	}
+	return nil
+}
+
 // threadState is what a tracker knows of one thread, per sender.
 type threadState struct {
 	Senders map[string]*senderState `json:"s"`
+	// claims counts the claims of every sender (not saved).
+	claims int
 }
 
 // verdict is what observing one message decided.
@@ -86,7 +122,7 @@ func (t *threadState) observe(sender string, order, pos uint64, lim limits) (v v
 	default:
 		i := sort.Search(len(s.Gaps), func(i int) bool { return s.Gaps[i].Last >= order })
 		if i == len(s.Gaps) || s.Gaps[i].First > order {
-			if pos != 0 && s.Claims[order] == pos {
+			if c, ok := s.Claims[order]; pos != 0 && (ok && c == pos || !ok && pos <= s.Evicted) {
 				return redelivery, Range{}, nil, nil
 			}
 			return duplicate, Range{}, nil, nil
@@ -111,27 +147,46 @@ func (t *threadState) observe(sender string, order, pos uint64, lim limits) (v v
 		s.Gaps = slices.Delete(s.Gaps, 0, 1)
 	}
 	if pos != 0 {
-		s.claim(order, pos, lim.maxClaims)
+		t.claim(s, order, pos, lim.maxClaims)
 	}
 	return v, opened, abandoned, nil
 }
 
-// claim remembers that the copy at pos carries order, dropping the lowest
-// claims beyond max: those belong to copies long handed over whose acks
-// never came (an ack that skipped the tracker).
-func (s *senderState) claim(order, pos uint64, max int) {
+// claim remembers that the copy at pos carries order. Beyond limit claims in
+// the thread it drops the oldest (lowest position): most likely a copy
+// whose ack skipped the tracker. Its sender's Evicted remembers the
+// position, so that copy is never dropped as a duplicate if it comes back.
+func (t *threadState) claim(s *senderState, order, pos uint64, limit int) {
 	if s.Claims == nil {
 		s.Claims = make(map[uint64]uint64)
 	}
+	if _, ok := s.Claims[order]; !ok {
+		t.claims++
+	}
 	s.Claims[order] = pos
-	for len(s.Claims) > max {
-		lowest := uint64(0)
-		for o := range s.Claims {
-			if lowest == 0 || o < lowest {
-				lowest = o
+	for t.claims > limit {
+		var (
+			oldest      *senderState
+			order, best uint64
+		)
+		for _, cs := range t.Senders {
+			for o, p := range cs.Claims {
+				if oldest == nil || p < best {
+					oldest, order, best = cs, o, p
+				}
 			}
 		}
-		delete(s.Claims, lowest)
+		delete(oldest.Claims, order)
+		oldest.Evicted = max(oldest.Evicted, best)
+		t.claims--
+	}
+}
+
+// countClaims sets the claim count of state just loaded.
+func (t *threadState) countClaims() {
+	t.claims = 0
+	for _, s := range t.Senders {
+		t.claims += len(s.Claims)
 	}
 }
 
@@ -139,11 +194,20 @@ func (s *senderState) claim(order, pos uint64, max int) {
 // reports whether anything changed.
 func (t *threadState) release(sender string, order, pos uint64) bool {
 	s := t.Senders[sender]
-	if s == nil || s.Claims[order] != pos {
+	if c, ok := s.claimOf(order); !ok || c != pos {
 		return false
 	}
 	delete(s.Claims, order)
+	t.claims--
 	return true
+}
+
+func (s *senderState) claimOf(order uint64) (uint64, bool) {
+	if s == nil {
+		return 0, false
+	}
+	c, ok := s.Claims[order]
+	return c, ok
 }
 
 // receivedOrders renders the thread's gap detectors, senders in the order

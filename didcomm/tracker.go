@@ -65,11 +65,16 @@ type Observation struct {
 // Defaults of the tracker's limits.
 const (
 	DefaultMaxThreads          = 100_000
-	DefaultMaxGapRanges        = 1_000
+	DefaultMaxGapRanges        = 100
 	DefaultMaxRenderedGaps     = 100
-	DefaultMaxSendersPerThread = 1_000
-	// maxClaims bounds the unacked copies remembered per sender.
-	maxClaims = 1_000
+	DefaultMaxSendersPerThread = 100
+	// MaxStateBytes bounds one thread's saved state, below NATS's default
+	// 1 MiB message size. Within the default limits a thread's state stays
+	// below it (about 360 KiB with 200-byte sender ids).
+	MaxStateBytes = 512 << 10
+	// maxClaims bounds the unacked copies remembered per thread: as many as
+	// a subscription's shared consumer lets out at once.
+	maxClaims = 2048
 	// maxConflicts bounds the retries of one update against a Store that
 	// other trackers keep changing.
 	maxConflicts = 32
@@ -77,6 +82,7 @@ const (
 
 type config struct {
 	maxThreads, maxGapRanges, maxRenderedGaps, maxSenders int
+	maxStateBytes                                         int
 	store                                                 Store
 	hook                                                  func(Event)
 	logger                                                *slog.Logger
@@ -102,9 +108,12 @@ func WithMaxThreads(n int) Option {
 }
 
 // WithMaxGapRanges bounds the gap ranges held per sender and thread
-// (default 1,000). Beyond it the lowest gap is given up (a GapAbandoned
-// event): it is no longer listed, and a late message in it is handed over
-// untracked (OutOfOrder), copies included.
+// (default 100). Beyond it the lowest gap is given up (a GapAbandoned
+// event) and the sender's orders up to its end are no longer tracked: a
+// message there, late or a copy of one already handed over, is handed over
+// with an OutOfOrder event and no duplicate check. A sender that skips
+// every other order reaches the limit after 100 gaps, so feed the tracker
+// authenticated senders only.
 func WithMaxGapRanges(n int) Option {
 	return func(c *config) error { return positive("max gap ranges", n, &c.maxGapRanges) }
 }
@@ -116,7 +125,9 @@ func WithMaxRenderedGaps(n int) Option {
 }
 
 // WithMaxSendersPerThread bounds the senders tracked in one thread
-// (default 1,000); a message from one more is an ErrTooManySenders error.
+// (default 100); a message from one more is an ErrTooManySenders error.
+// With larger limits a thread's state can pass MaxStateBytes: its messages
+// are then ErrStateTooLarge errors.
 func WithMaxSendersPerThread(n int) Option {
 	return func(c *config) error { return positive("max senders per thread", n, &c.maxSenders) }
 }
@@ -154,7 +165,8 @@ func WithEventHook(f func(Event)) Option {
 // delivered message. It is safe for concurrent use: messages of different
 // threads are observed in parallel, those of one thread one at a time.
 type Tracker struct {
-	cfg config
+	cfg     config
+	boundTo string // the store prefix of OpenSubscriptionTracker's subscription
 
 	mu      sync.Mutex
 	threads map[string]*list.Element // of *threadEntry
@@ -189,6 +201,7 @@ func NewTracker(opts ...Option) (*Tracker, error) {
 			maxGapRanges:    DefaultMaxGapRanges,
 			maxRenderedGaps: DefaultMaxRenderedGaps,
 			maxSenders:      DefaultMaxSendersPerThread,
+			maxStateBytes:   MaxStateBytes,
 			logger:          slog.New(slog.DiscardHandler),
 		},
 		threads: make(map[string]*list.Element),
@@ -236,8 +249,9 @@ func (t *Tracker) entry(thread string) *threadEntry {
 // (adapter.Message.StreamSequence), or 0 when there is none: with a
 // position, a redelivery of a copy handed over and not yet released is not
 // a duplicate. It returns a header error (ErrNotSequenced, ErrMissingID,
-// ErrMissingSender), ErrTooManySenders, or the store's error; the state is
-// unchanged then.
+// ErrMissingSender), ErrTooManySenders, ErrStateTooLarge, or the store's
+// error; the state is unchanged then. Events are reported once, when the
+// message is first handed over, not on its redeliveries.
 func (t *Tracker) Observe(ctx context.Context, h Headers, pos uint64) (Observation, error) {
 	if err := h.validate(); err != nil {
 		return Observation{}, err
@@ -251,10 +265,10 @@ func (t *Tracker) Observe(ctx context.Context, h Headers, pos uint64) (Observati
 	)
 	err := t.update(ctx, e, func(st *threadState, fresh bool) (changed bool, err error) {
 		v, opened, abandoned, err = st.observe(h.From, h.SenderOrder, pos, t.limits())
-		if v == redelivery && !fresh && t.cfg.store != nil {
-			// A claim in memory may have been released by another
-			// tracker: check against the saved state. (A duplicate needs
-			// no check: what was seen stays seen.)
+		if (v == redelivery || v == duplicate) && !fresh && t.cfg.store != nil {
+			// Dropping a message, or handing it over again, on the word
+			// of state in memory: another tracker may have released the
+			// claim, or forgotten the thread. Check the saved state.
 			return false, errStale
 		}
 		return err == nil && v != duplicate && v != redelivery && v != untracked, err
@@ -320,6 +334,9 @@ func (t *Tracker) Release(ctx context.Context, h Headers, pos uint64) error {
 // largest order seen and the gaps below it. With a Store it reads the
 // latest saved state, so it includes what other trackers saw.
 func (t *Tracker) ReceivedOrders(ctx context.Context, thread string) ([]ReceivedOrder, error) {
+	if thread == "" {
+		return nil, fmt.Errorf("%w: empty thread id", ErrMissingID)
+	}
 	e := t.entry(thread)
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -333,7 +350,8 @@ func (t *Tracker) ReceivedOrders(ctx context.Context, thread string) ([]Received
 }
 
 // Forget drops everything known about a finished thread, from memory and
-// from the store: a later message of it starts the thread afresh.
+// from the store: a later message of it starts the thread afresh, on every
+// tracker sharing the store.
 func (t *Tracker) Forget(ctx context.Context, thread string) error {
 	t.mu.Lock()
 	if el, ok := t.threads[thread]; ok {
@@ -362,6 +380,7 @@ func (t *Tracker) load(ctx context.Context, e *threadEntry) error {
 			if err := json.Unmarshal(data, e.st); err != nil {
 				return fmt.Errorf("didcomm: thread %q: stored state is corrupt: %w", e.id, err)
 			}
+			e.st.countClaims()
 		}
 		e.rev = rev
 		for _, r := range e.released {
@@ -396,6 +415,10 @@ func (t *Tracker) update(ctx context.Context, e *threadEntry, f func(st *threadS
 			return err
 		}
 		data, _ := json.Marshal(e.st)
+		if len(data) > t.cfg.maxStateBytes {
+			e.loaded = false
+			return fmt.Errorf("%w: thread %q would take %d bytes", ErrStateTooLarge, e.id, len(data))
+		}
 		rev, err := t.cfg.store.Save(ctx, e.id, data, e.rev)
 		if err == nil {
 			e.rev, e.released = rev, nil
@@ -405,7 +428,7 @@ func (t *Tracker) update(ctx context.Context, e *threadEntry, f func(st *threadS
 		if !errors.Is(err, ErrStateConflict) {
 			return fmt.Errorf("didcomm: save thread %q: %w", e.id, err)
 		}
-		if attempt == maxConflicts {
+		if attempt >= maxConflicts {
 			return fmt.Errorf("didcomm: save thread %q: %w %d times", e.id, err, attempt+1)
 		}
 	}

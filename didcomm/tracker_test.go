@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -397,5 +398,94 @@ func TestTrackersShareAStore(t *testing.T) {
 	}
 	if got := renderOrders(t, b, "t"); got != "[]" {
 		t.Fatalf("after Forget: %s", got)
+	}
+}
+
+// More copies in flight than the thread's claim limit: the oldest claims
+// are dropped, and their copies, nacked and coming back, are still handed
+// over rather than lost as duplicates.
+func TestEvictedClaimsNeverLoseACopy(t *testing.T) {
+	tr := newTracker(t)
+	for order := uint64(1); order <= maxClaims+10; order++ {
+		observe(t, tr, msg("t", "s", order), order)
+	}
+	for order := uint64(1); order <= maxClaims+10; order++ {
+		if obs := observe(t, tr, msg("t", "s", order), order); obs.Duplicate {
+			t.Fatalf("redelivery of order %d dropped as a duplicate", order)
+		}
+	}
+	// A resend published later (a higher position) is still a copy.
+	if obs := observe(t, tr, msg("t", "s", 1), 10*maxClaims); !obs.Duplicate {
+		t.Fatal("a resend was not dropped")
+	}
+}
+
+// Another tracker forgets the thread: this one, with the old state in
+// memory, does not drop the restarted thread's first message.
+func TestForgetReachesTrackersWithTheThreadInMemory(t *testing.T) {
+	store := newMemStore()
+	a, b := newTracker(t, WithStore(store)), newTracker(t, WithStore(store))
+	observe(t, a, msg("t", "s", 1), 1)
+	observe(t, b, msg("t", "s", 2), 2)
+	if err := a.Forget(context.Background(), "t"); err != nil {
+		t.Fatal(err)
+	}
+	if obs := observe(t, b, msg("t", "s", 1), 3); obs.Duplicate {
+		t.Fatal("first message of the restarted thread dropped on stale state")
+	}
+}
+
+// A thread whose state would pass MaxStateBytes gets ErrStateTooLarge and
+// nothing is saved. (The budget is lowered here to keep the test quick.)
+func TestStateTooLarge(t *testing.T) {
+	store := newMemStore()
+	tr := newTracker(t, WithStore(store), WithMaxGapRanges(10_000))
+	tr.cfg.maxStateBytes = 2000
+	var err error
+	for order := uint64(2); err == nil && order < 10_000; order += 2 {
+		_, err = tr.Observe(context.Background(), msg("t", "s", order), 0)
+	}
+	if !errors.Is(err, ErrStateTooLarge) {
+		t.Fatalf("got %v", err)
+	}
+	if n := len(store.state["t"]); n > 2000 {
+		t.Fatalf("saved %d bytes", n)
+	}
+}
+
+// Within the default limits a thread's state stays below MaxStateBytes:
+// 100 senders with long DIDs, each with 100 gaps of large orders, and the
+// claim limit reached.
+func TestDefaultLimitsFitMaxStateBytes(t *testing.T) {
+	var st threadState
+	lim := newTracker(t).limits()
+	pos := uint64(0)
+	for s := range DefaultMaxSendersPerThread {
+		sender := fmt.Sprint("did:example:", strings.Repeat("x", 200), s)
+		for i := range uint64(DefaultMaxGapRanges + 1) {
+			pos++
+			if _, _, _, err := st.observe(sender, 1_000_000_000_000+2*i, 1_000_000_000_000+pos, lim); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	data, _ := json.Marshal(&st)
+	if len(data) > MaxStateBytes {
+		t.Fatalf("state of %d bytes within the default limits, more than %d", len(data), MaxStateBytes)
+	}
+	t.Logf("largest state within the default limits: %d bytes", len(data))
+}
+
+func TestSequencerNeverWraps(t *testing.T) {
+	seq := NewSequencer()
+	if err := seq.Restore("t", "a", ^uint64(0)); err != nil {
+		t.Fatal(err)
+	}
+	h := Headers{ID: "m", Thread: "t", From: "a"}
+	if err := seq.Stamp(&h); !errors.Is(err, ErrInvalidSenderOrder) {
+		t.Fatalf("stamp after the largest order: %v, order %d", err, h.SenderOrder)
+	}
+	if err := seq.Restore("t", "a", 5); err == nil {
+		t.Fatal("Restore went back")
 	}
 }

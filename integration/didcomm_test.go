@@ -380,3 +380,40 @@ func TestDIDCommStateGoesWithTheSubscription(t *testing.T) {
 		t.Errorf("key %s left after delete (new prefix %s)", k, prefix)
 	}
 }
+
+// A tracker opened before the subscription was deleted and created again
+// is refused; state saved by a straggler after Delete is gone once the id
+// is created again.
+func TestDIDCommTrackerBelongsToOneIncarnation(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	topic := e.createTopic("incarnation")
+	sub := e.createSub("incarnation", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	old, err := didcomm.OpenSubscriptionTracker(ctx, sub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A receiver that has not noticed the delete saves once more.
+	if _, err := old.Observe(ctx, didcomm.Headers{ID: "m", Thread: "th", From: "did:ex:a", SenderOrder: 1}, 1); err != nil {
+		t.Fatal(err)
+	}
+	sub = e.createSub("incarnation", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	err = didcomm.Receive(ctx, sub, old, func(context.Context, *didcomm.Delivery) {})
+	if !errors.Is(err, adapter.ErrInvalidConfig) {
+		t.Fatalf("Receive with the old incarnation's tracker: %v", err)
+	}
+	kv, _, err := sub.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range keys.Keys() {
+		t.Errorf("key %s of the deleted subscription left", k)
+	}
+}
