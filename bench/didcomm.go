@@ -9,11 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
-	"github.com/jetorder/jetorder/keyrouter"
 )
 
 // didcommStream is the message stream of the tracker runs: msgs messages
@@ -126,14 +123,8 @@ func (b *bench) didcommReceive(keys, msgs int) (raw, plain, tracked float64) {
 	run := func(receive func(context.Context, *adapter.Subscription, func()) error) float64 {
 		topicID, _, sub, cleanup := b.orderedTopic("didcomm")
 		defer cleanup()
-		keyNames := make([]string, keys)
-		subjects := make([]string, keys)
-		for k := range keys {
-			keyNames[k] = "thread-" + strconv.Itoa(k)
-			subjects[k] = keyrouter.KeyedSubject(project, topicID, keyNames[k])
-		}
-		b.fillData(func(i int) string { return subjects[i%keys] },
-			func(i int) nats.Header { return nats.Header{"Jetorder-Ordering-Key": {keyNames[i%keys]}} }, payloads)
+		subject, hdr := keyed(topicID, "thread", keys)
+		b.fillData(subject, hdr, payloads)
 		var got, first atomic.Int64
 		done := make(chan struct{})
 		var once sync.Once
@@ -171,17 +162,4 @@ func (b *bench) didcommReceive(keys, msgs int) (raw, plain, tracked float64) {
 		})
 	})
 	return raw, plain, tracked
-}
-
-// fillData is fill with a payload per message.
-func (b *bench) fillData(subject func(i int) string, hdr func(i int) nats.Header, payloads [][]byte) {
-	for i, p := range payloads {
-		if _, err := b.js.PublishMsgAsync(&nats.Msg{Subject: subject(i), Data: p, Header: hdr(i)}); err != nil {
-			check(err)
-		}
-		if i%5000 == 4999 {
-			<-b.js.PublishAsyncComplete()
-		}
-	}
-	<-b.js.PublishAsyncComplete()
 }

@@ -201,13 +201,21 @@ func (b *bench) name(prefix string) string {
 	return fmt.Sprintf("%s-%d", prefix, b.seq)
 }
 
-// fill publishes msgs messages round-robin over keys (keys 0: unkeyed)
-// with async publish and waits for every ack.
+// fill publishes msgs messages of the bench's payload size with async
+// publish and waits for every ack.
 func (b *bench) fill(subject func(i int) string, hdr func(i int) nats.Header, msgs int) {
 	payload := make([]byte, *payloadSize)
-	for i := 0; i < msgs; i++ {
-		m := &nats.Msg{Subject: subject(i), Data: payload, Header: hdr(i)}
-		if _, err := b.js.PublishMsgAsync(m); err != nil {
+	payloads := make([][]byte, msgs)
+	for i := range payloads {
+		payloads[i] = payload
+	}
+	b.fillData(subject, hdr, payloads)
+}
+
+// fillData is fill with a payload per message.
+func (b *bench) fillData(subject func(i int) string, hdr func(i int) nats.Header, payloads [][]byte) {
+	for i, p := range payloads {
+		if _, err := b.js.PublishMsgAsync(&nats.Msg{Subject: subject(i), Data: p, Header: hdr(i)}); err != nil {
 			check(err)
 		}
 		if i%5000 == 4999 {
@@ -215,6 +223,20 @@ func (b *bench) fill(subject func(i int) string, hdr func(i int) nats.Header, ms
 		}
 	}
 	<-b.js.PublishAsyncComplete()
+}
+
+// keyed returns the ordering keys prefix-0 .. prefix-(keys-1) of a topic,
+// their subjects, and the header function fill takes to publish message i
+// on key i%keys.
+func keyed(topicID, prefix string, keys int) (subject func(i int) string, hdr func(i int) nats.Header) {
+	names := make([]string, keys)
+	subjects := make([]string, keys)
+	for k := range keys {
+		names[k] = prefix + "-" + strconv.Itoa(k)
+		subjects[k] = keyrouter.KeyedSubject(project, topicID, names[k])
+	}
+	return func(i int) string { return subjects[i%keys] },
+		func(i int) nats.Header { return nats.Header{"Jetorder-Ordering-Key": {names[i%keys]}} }
 }
 
 // raw times one pull consumer consuming and acking msgs messages.
@@ -397,14 +419,8 @@ func (b *bench) ordered(keys, msgs int) orderedResult {
 	ctx := context.Background()
 	topicID, _, sub, cleanup := b.orderedTopic("ordered")
 	defer cleanup()
-	keyNames := make([]string, keys)
-	subjects := make([]string, keys)
-	for k := range keys {
-		keyNames[k] = "key-" + strconv.Itoa(k)
-		subjects[k] = keyrouter.KeyedSubject(project, topicID, keyNames[k])
-	}
-	b.fill(func(i int) string { return subjects[i%keys] },
-		func(i int) nats.Header { return nats.Header{"Jetorder-Ordering-Key": {keyNames[i%keys]}} }, msgs)
+	subject, hdr := keyed(topicID, "key", keys)
+	b.fill(subject, hdr, msgs)
 
 	var got atomic.Int64
 	var first atomic.Int64

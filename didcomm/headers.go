@@ -118,6 +118,9 @@ func Read(m *adapter.Message) (Headers, error) {
 		return h, err
 	}
 	strict := m.Header.Get("Content-Type") == PlaintextMediaType
+	if !strict && !bytes.HasPrefix(bytes.TrimLeft(m.Data, " \t\r\n"), []byte("{")) {
+		return Headers{}, ErrNotDIDComm // not JSON: no need to parse it
+	}
 	members, err := plaintextMembers(m.Data)
 	if err != nil {
 		if strict {
