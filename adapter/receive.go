@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -36,9 +40,10 @@ const (
 	ackAck ackKind = iota
 	ackNak
 	ackProgress
+	ackTerm
 )
 
-var ackPayload = [...][]byte{ackAck: []byte("+ACK"), ackNak: []byte("-NAK"), ackProgress: []byte("+WPI")}
+var ackPayload = [...][]byte{ackAck: []byte("+ACK"), ackNak: []byte("-NAK"), ackProgress: []byte("+WPI"), ackTerm: []byte("+TERM")}
 
 // heldKey names one message of one consumer: redeliveries of a message this
 // process still holds have the same heldKey.
@@ -82,6 +87,12 @@ type receiver struct {
 	rec      *subRecord
 	handler  func(context.Context, *Message)
 	settings ReceiveSettings
+
+	// deadLetter is the subscription's current policy (nil for none);
+	// supervise refreshes it, so an Update reaches a running Receive.
+	deadLetter  atomic.Pointer[deadLetterRecord]
+	deadTopics  map[string]*Topic // dead-letter topic handles, by full name
+	deadTopicMu sync.Mutex
 
 	hctx    context.Context // handlers' context, cancelled when Receive ends
 	slots   chan struct{}
@@ -151,6 +162,7 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 		held:     make(map[heldKey]*delivery),
 		fatalSet: make(chan struct{}),
 	}
+	r.deadLetter.Store(rec.DeadLetter)
 	return r.run(ctx, hcancel)
 }
 
@@ -231,6 +243,11 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	}
 	cancelHandlers()
 	r.workers.Wait()
+	r.deadTopicMu.Lock()
+	for _, t := range r.deadTopics {
+		t.Stop()
+	}
+	r.deadTopicMu.Unlock()
 	close(stopExtending)
 	<-extended
 	r.mu.Lock()
@@ -370,9 +387,71 @@ func (r *receiver) handle(d *delivery) {
 			r.fail(fmt.Errorf("%w: %v (message %s, ordering key %q)", ErrHandlerPanic, p, d.msg.ID, d.msg.OrderingKey))
 		}
 	}()
+	if dl := r.deadLetter.Load(); dl != nil && d.msg.DeliveryAttempt > dl.MaxDeliveryAttempts {
+		r.moveToDeadLetter(d, dl)
+		return
+	}
 	d.msg.DeliverTime = time.Now().UTC()
 	r.handler(r.hctx, d.msg)
 	d.abandon()
+}
+
+// moveToDeadLetter publishes a message delivered too often to the
+// dead-letter topic and terminates it here, so its key moves on. When the
+// publish fails the message stays: it is redelivered after its deadline
+// and the move is tried again.
+func (r *receiver) moveToDeadLetter(d *delivery, dl *deadLetterRecord) {
+	m := d.msg
+	out := &Message{
+		Data:        m.Data,
+		OrderingKey: m.OrderingKey,
+		Attributes:  make(map[string]string, len(m.Attributes)+2),
+		CreateTime:  m.CreateTime,
+	}
+	maps.Copy(out.Attributes, m.Attributes)
+	out.Attributes[DeadLetterSourceSubscriptionAttribute] = r.sub.String()
+	out.Attributes[DeadLetterSourceDeliveryCountAttribute] = strconv.Itoa(m.DeliveryAttempt - 1)
+	for name, vals := range m.Header {
+		lower := strings.ToLower(name)
+		if strings.HasPrefix(lower, "jetorder-") || strings.HasPrefix(lower, "nats-") {
+			continue
+		}
+		if out.Header == nil {
+			out.Header = nats.Header{}
+		}
+		out.Header[name] = vals
+	}
+	t := r.deadTopic(dl)
+	_, err := t.Publish(r.hctx, out).Get(r.hctx)
+	if err != nil {
+		if out.OrderingKey != "" {
+			t.ResumePublish(out.OrderingKey)
+		}
+		d.abandon()
+		if r.hctx.Err() == nil {
+			r.c.cfg.logger.Warn("move to dead-letter topic failed; will retry after the ack deadline",
+				"subscription", r.sub.id, "dead_letter_topic", t.String(), "message", m.ID, "err", err)
+		}
+		return
+	}
+	r.c.cfg.logger.Info("moved message to dead-letter topic", "subscription", r.sub.id,
+		"dead_letter_topic", t.String(), "message", m.ID, "ordering_key", m.OrderingKey, "attempts", m.DeliveryAttempt-1)
+	d.finish(ackTerm)
+}
+
+func (r *receiver) deadTopic(dl *deadLetterRecord) *Topic {
+	name := dl.TopicProject + "/" + dl.Topic
+	r.deadTopicMu.Lock()
+	defer r.deadTopicMu.Unlock()
+	t, ok := r.deadTopics[name]
+	if !ok {
+		if r.deadTopics == nil {
+			r.deadTopics = make(map[string]*Topic)
+		}
+		t = r.c.TopicInProject(dl.Topic, dl.TopicProject)
+		r.deadTopics[name] = t
+	}
+	return t
 }
 
 // extendLeases keeps the deadline of every held message from passing while
@@ -425,6 +504,9 @@ func (r *receiver) supervise(ctx context.Context) {
 		rec, err := r.sub.load(cctx)
 		if err == nil && !rec.Created.Equal(r.rec.Created) {
 			err = fmt.Errorf("%w: %s was deleted and created again", ErrSubscriptionNotFound, r.sub)
+		}
+		if err == nil {
+			r.deadLetter.Store(rec.DeadLetter)
 		}
 		if err == nil {
 			err = r.c.checkTopic(cctx, r.rec)

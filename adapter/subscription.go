@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -44,7 +45,45 @@ type SubscriptionConfig struct {
 	// replay what was recorded since; zero starts with the next message
 	// published. Messages the topic no longer retains cannot be replayed.
 	StartTime time.Time
+	// DeadLetterPolicy, when set, moves a message that has been delivered
+	// MaxDeliveryAttempts times without an ack to another topic, so its
+	// ordering key moves on. Without it a message is redelivered for ever.
+	DeadLetterPolicy *DeadLetterPolicy
+	// Labels are the application's own key/value pairs.
+	Labels map[string]string
 }
+
+// DeadLetterPolicy says where messages go that cannot be delivered.
+type DeadLetterPolicy struct {
+	// Topic receives the messages, with their data, attributes and
+	// ordering key, plus the attributes in DeadLetter*Attribute.
+	Topic *Topic
+	// MaxDeliveryAttempts is how many deliveries a message gets before it
+	// is moved: 5..100, 0 means 5.
+	MaxDeliveryAttempts int
+}
+
+// SubscriptionUpdate lists the fields Update changes; nil fields stay.
+// Message ordering cannot be changed.
+type SubscriptionUpdate struct {
+	// DeadLetterPolicy replaces the policy; a policy with a nil Topic
+	// removes it.
+	DeadLetterPolicy *DeadLetterPolicy
+	// Labels replace the labels; an empty, non-nil map removes them.
+	Labels map[string]string
+}
+
+const (
+	defaultMaxDeliveryAttempts = 5
+	minMaxDeliveryAttempts     = 5
+	maxMaxDeliveryAttempts     = 100
+)
+
+// Attributes added to a message moved to a dead-letter topic.
+const (
+	DeadLetterSourceSubscriptionAttribute  = "CloudPubSubDeadLetterSourceSubscription"
+	DeadLetterSourceDeliveryCountAttribute = "CloudPubSubDeadLetterSourceDeliveryCount"
+)
 
 // subRecord is what the registry bucket stores for a subscription.
 type subRecord struct {
@@ -58,6 +97,38 @@ type subRecord struct {
 	StartTime     time.Time `json:"start_time,omitzero"`
 	StreamCreated time.Time `json:"stream_created"`
 	Created       time.Time `json:"created"`
+
+	DeadLetter *deadLetterRecord `json:"dead_letter,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+}
+
+type deadLetterRecord struct {
+	TopicProject        string `json:"topic_project"`
+	Topic               string `json:"topic"`
+	MaxDeliveryAttempts int    `json:"max_delivery_attempts"`
+}
+
+// deadLetterRecord checks p and returns what the registry stores for it:
+// nil for no policy.
+func (c *Client) deadLetterRecord(p *DeadLetterPolicy) (*deadLetterRecord, error) {
+	if p == nil || p.Topic == nil {
+		return nil, nil
+	}
+	n := p.MaxDeliveryAttempts
+	if n == 0 {
+		n = defaultMaxDeliveryAttempts
+	}
+	if n < minMaxDeliveryAttempts || n > maxMaxDeliveryAttempts {
+		return nil, fmt.Errorf("%w: max delivery attempts %d not in %d..%d", ErrInvalidConfig, n, minMaxDeliveryAttempts, maxMaxDeliveryAttempts)
+	}
+	return &deadLetterRecord{TopicProject: p.Topic.project, Topic: p.Topic.id, MaxDeliveryAttempts: n}, nil
+}
+
+func (c *Client) deadLetterPolicy(r *deadLetterRecord) *DeadLetterPolicy {
+	if r == nil {
+		return nil
+	}
+	return &DeadLetterPolicy{Topic: c.TopicInProject(r.Topic, r.TopicProject), MaxDeliveryAttempts: r.MaxDeliveryAttempts}
 }
 
 func (r *subRecord) ackDeadline() time.Duration {
@@ -133,6 +204,10 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 	if cfg.AckDeadline < minAckDeadline || cfg.AckDeadline > maxAckDeadline {
 		return nil, fmt.Errorf("%w: ack deadline %v not in %v..%v", ErrInvalidConfig, cfg.AckDeadline, minAckDeadline, maxAckDeadline)
 	}
+	deadLetter, err := c.deadLetterRecord(cfg.DeadLetterPolicy)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	info, err := cfg.Topic.info(ctx)
@@ -154,6 +229,8 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 		StartSeq:      info.State.LastSeq + 1,
 		StreamCreated: info.Created,
 		Created:       time.Now().UTC(),
+		DeadLetter:    deadLetter,
+		Labels:        maps.Clone(cfg.Labels),
 	}
 	if !cfg.StartTime.IsZero() {
 		rec.StartTime = cfg.StartTime.UTC()
@@ -249,7 +326,62 @@ func (s *Subscription) Config(ctx context.Context) (SubscriptionConfig, error) {
 		AckDeadline:           rec.ackDeadline(),
 		EnableMessageOrdering: rec.Ordering,
 		StartTime:             rec.StartTime,
+		DeadLetterPolicy:      s.c.deadLetterPolicy(rec.DeadLetter),
+		Labels:                rec.Labels,
 	}, nil
+}
+
+// Update changes the fields of u that are set and returns the new
+// configuration. Running Receive calls apply a new dead-letter policy
+// within about a second.
+func (s *Subscription) Update(ctx context.Context, u SubscriptionUpdate) (SubscriptionConfig, error) {
+	var deadLetter *deadLetterRecord
+	if u.DeadLetterPolicy != nil {
+		var err error
+		if deadLetter, err = s.c.deadLetterRecord(u.DeadLetterPolicy); err != nil {
+			return SubscriptionConfig{}, err
+		}
+	}
+	cctx, cancel := s.c.withTimeout(ctx)
+	defer cancel()
+	kv, err := s.c.buckets(cctx)
+	if err != nil {
+		return SubscriptionConfig{}, err
+	}
+	for {
+		e, err := kv.Get(cctx, s.kvKey())
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return SubscriptionConfig{}, fmt.Errorf("%w: %s", ErrSubscriptionNotFound, s)
+		}
+		if err != nil {
+			return SubscriptionConfig{}, fmt.Errorf("update subscription %s: %w", s, err)
+		}
+		var rec subRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return SubscriptionConfig{}, fmt.Errorf("subscription %s: corrupt record: %w", s, err)
+		}
+		if u.DeadLetterPolicy != nil {
+			rec.DeadLetter = deadLetter
+		}
+		if u.Labels != nil {
+			rec.Labels = maps.Clone(u.Labels)
+			if len(rec.Labels) == 0 {
+				rec.Labels = nil
+			}
+		}
+		data, err := json.Marshal(&rec)
+		if err != nil {
+			return SubscriptionConfig{}, err
+		}
+		_, err = kv.Update(cctx, s.kvKey(), data, e.Revision())
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue // changed meanwhile: apply u to the newer record
+		}
+		if err != nil {
+			return SubscriptionConfig{}, fmt.Errorf("update subscription %s: %w", s, err)
+		}
+		return s.Config(ctx)
+	}
 }
 
 // firstSequenceSince returns the stream sequence of the topic's first

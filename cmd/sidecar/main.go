@@ -1,8 +1,12 @@
-// Command sidecar runs jetorder beside an application: by default with an
-// embedded nats-server (JetStream, file storage under --data-dir), or over
-// an existing NATS server or cluster with --nats-url.
+// Command sidecar runs jetorder beside an application. It serves the Google
+// Pub/Sub v1 gRPC API (point Google's client libraries at it with
+// PUBSUB_EMULATOR_HOST) and an HTTP API for CloudEvents and plain messages,
+// by default over an embedded nats-server (JetStream, file storage under
+// --data-dir), or over an existing NATS server or cluster with --nats-url.
 //
-// Every flag can also be set by environment: --data-dir is JETORDER_DATA_DIR.
+// Every flag can also be set by environment: --data-dir is
+// JETORDER_DATA_DIR, --grpc-addr is JETORDER_GRPC_ADDR, and so on. A flag
+// given on the command line wins.
 package main
 
 import (
@@ -11,7 +15,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -19,40 +22,77 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/jetorder/jetorder/internal/embedded"
+	"github.com/jetorder/jetorder/internal/sidecar"
 )
 
 type config struct {
-	dataDir    string
-	natsListen string
-	natsURL    string
-	natsCreds  string
-	logLevel   string
+	sidecar.Config
+	logLevel string
 }
 
 func parseConfig(args []string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
-	fs.StringVar(&c.dataDir, "data-dir", envOr("DATA_DIR", "./data"), "JetStream store of the embedded nats-server")
-	fs.StringVar(&c.natsListen, "nats-listen", envOr("NATS_LISTEN", ""), "also expose the embedded server's client port, e.g. 127.0.0.1:4222 (default: off)")
-	fs.StringVar(&c.natsURL, "nats-url", envOr("NATS_URL", ""), "use this NATS server or cluster instead of the embedded one")
-	fs.StringVar(&c.natsCreds, "nats-creds", envOr("NATS_CREDS", ""), "credentials file for --nats-url")
-	fs.StringVar(&c.logLevel, "log-level", envOr("LOG_LEVEL", "info"), "debug, info, warn or error")
+	str := func(p *string, name, def, usage string) { fs.StringVar(p, name, envOr(name, def), usage) }
+	str(&c.GRPCAddr, "grpc-addr", "127.0.0.1:8085", "Pub/Sub gRPC API address (PUBSUB_EMULATOR_HOST for clients)")
+	str(&c.HTTPAddr, "http-addr", "127.0.0.1:8080", `HTTP API address: publish, /healthz, /readyz, /metrics ("off" disables it)`)
+	str(&c.TLSCert, "tls-cert", "", "certificate file: serve the gRPC and HTTP APIs over TLS")
+	str(&c.TLSKey, "tls-key", "", "private key file for --tls-cert")
+	str(&c.DataDir, "data-dir", "./data", "JetStream store of the embedded nats-server")
+	str(&c.NATSListen, "nats-listen", "", "also expose the embedded server's client port, e.g. 127.0.0.1:4222 (default: off)")
+	str(&c.NATSURL, "nats-url", "", "use this NATS server or cluster (comma-separated URLs) instead of the embedded one")
+	str(&c.NATSCreds, "nats-creds", "", "credentials (JWT) file for --nats-url")
+	str(&c.NATSNKey, "nats-nkey", "", "nkey seed file for --nats-url")
+	str(&c.NATSUser, "nats-user", "", "user name for --nats-url")
+	str(&c.NATSPassword, "nats-password", "", "password for --nats-url (prefer JETORDER_NATS_PASSWORD)")
+	str(&c.NATSToken, "nats-token", "", "token for --nats-url (prefer JETORDER_NATS_TOKEN)")
+	str(&c.NATSTLSCA, "nats-tls-ca", "", "CA file to verify the NATS server")
+	str(&c.NATSTLSCert, "nats-tls-cert", "", "client certificate file for NATS")
+	str(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS")
+	str(&c.Project, "project", "default", "project of HTTP routes that name none")
+	str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	var replicas, maxOutstanding, maxStreams, shutdown string
+	str(&replicas, "replicas", "1", "replicas of the streams and buckets the sidecar creates (3 in a cluster)")
+	str(&maxOutstanding, "max-outstanding-messages", "1000", "messages one subscription holds in the sidecar: with clients or waiting for one")
+	str(&maxStreams, "max-streams", "1000", "open StreamingPull streams")
+	str(&shutdown, "shutdown-timeout", "5s", "how long shutdown waits for clients to ack what they hold")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
-	if c.natsURL != "" && c.natsListen != "" {
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	var err error
+	positive := func(name, v string) int {
+		n, e := strconv.Atoi(v)
+		if e != nil || n < 1 {
+			err = errors.Join(err, fmt.Errorf("--%s %q: want a positive integer", name, v))
+		}
+		return n
+	}
+	c.Replicas = positive("replicas", replicas)
+	c.MaxOutstandingMessages = positive("max-outstanding-messages", maxOutstanding)
+	c.MaxStreams = positive("max-streams", maxStreams)
+	if d, e := time.ParseDuration(shutdown); e != nil || d <= 0 {
+		err = errors.Join(err, fmt.Errorf("--shutdown-timeout %q: want a duration such as 5s", shutdown))
+	} else {
+		c.ShutdownTimeout = d
+	}
+	if err != nil {
+		return c, err
+	}
+	if c.NATSURL != "" && c.NATSListen != "" {
 		return c, errors.New("--nats-listen applies to the embedded server; it cannot be combined with --nats-url")
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return c, errors.New("--tls-cert and --tls-key go together")
 	}
 	return c, nil
 }
 
-// envOr reads JETORDER_<name>.
-func envOr(name, def string) string {
-	if v, ok := os.LookupEnv("JETORDER_" + name); ok {
+// envOr reads JETORDER_<FLAG>, the flag name upper-cased with - as _.
+func envOr(flagName, def string) string {
+	if v, ok := os.LookupEnv("JETORDER_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))); ok {
 		return v
 	}
 	return def
@@ -75,80 +115,8 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, cfg, log, nil); err != nil {
+	if err := sidecar.Run(ctx, cfg.Config, log, nil); err != nil {
 		log.Error("sidecar stopped", "err", err)
 		os.Exit(1)
 	}
-}
-
-// run serves until ctx ends; ready, if not nil, is called once it serves.
-func run(ctx context.Context, cfg config, log *slog.Logger, ready func()) error {
-	var (
-		srv  *embedded.Server
-		opts = []nats.Option{nats.Name("jetorder-sidecar"), nats.MaxReconnects(-1)}
-		url  = cfg.natsURL
-	)
-	if url == "" {
-		ecfg := embedded.Config{StoreDir: cfg.dataDir, NoListen: cfg.natsListen == ""}
-		if cfg.natsListen != "" {
-			host, port, err := net.SplitHostPort(cfg.natsListen)
-			if err != nil {
-				return fmt.Errorf("--nats-listen %q: %w", cfg.natsListen, err)
-			}
-			if ecfg.Port, err = strconv.Atoi(port); err != nil {
-				return fmt.Errorf("--nats-listen %q: bad port", cfg.natsListen)
-			}
-			ecfg.Host = host
-		}
-		var err error
-		if srv, err = embedded.Start(ecfg); err != nil {
-			return err
-		}
-		defer func() {
-			srv.Shutdown()
-			log.Info("embedded nats-server stopped")
-		}()
-		opts = append(opts, nats.InProcessServer(srv))
-	} else if cfg.natsCreds != "" {
-		opts = append(opts, nats.UserCredentials(cfg.natsCreds))
-	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		return fmt.Errorf("connect to NATS: %w", err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = js.AccountInfo(actx)
-	cancel()
-	if ctx.Err() != nil {
-		return nil // asked to stop while starting
-	}
-	if err != nil {
-		return fmt.Errorf("JetStream not available: %w", err)
-	}
-	where := []any{"nats", nc.ConnectedUrlRedacted()}
-	if srv != nil {
-		where = []any{"nats", "embedded", "data-dir", cfg.dataDir, "nats-listen", orOff(cfg.natsListen)}
-	}
-	log.Info("jetorder sidecar ready", where...)
-	if ready != nil {
-		ready()
-	}
-	<-ctx.Done()
-	log.Info("shutting down")
-	if err := nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-		log.Warn("drain NATS connection", "err", err)
-	}
-	return nil
-}
-
-func orOff(s string) string {
-	if strings.TrimSpace(s) == "" {
-		return "off"
-	}
-	return s
 }

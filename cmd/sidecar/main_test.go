@@ -1,53 +1,36 @@
 package main
 
 import (
-	"context"
-	"log/slog"
 	"testing"
 	"time"
 )
 
 func TestParseConfig(t *testing.T) {
 	t.Setenv("JETORDER_DATA_DIR", "/from/env")
+	t.Setenv("JETORDER_MAX_STREAMS", "7")
 	cfg, err := parseConfig(nil)
-	if err != nil || cfg.dataDir != "/from/env" || cfg.natsListen != "" {
-		t.Fatalf("env default: %+v, %v", cfg, err)
+	if err != nil {
+		t.Fatal(err)
 	}
-	cfg, err = parseConfig([]string{"--data-dir", "/from/flag", "--nats-listen", "127.0.0.1:4222"})
-	if err != nil || cfg.dataDir != "/from/flag" || cfg.natsListen != "127.0.0.1:4222" {
+	if cfg.DataDir != "/from/env" || cfg.MaxStreams != 7 || cfg.NATSListen != "" ||
+		cfg.GRPCAddr != "127.0.0.1:8085" || cfg.HTTPAddr != "127.0.0.1:8080" || cfg.ShutdownTimeout != 5*time.Second {
+		t.Fatalf("defaults and env: %+v", cfg)
+	}
+	cfg, err = parseConfig([]string{"--data-dir", "/from/flag", "--nats-listen", "127.0.0.1:4222", "--grpc-addr", ":9000"})
+	if err != nil || cfg.DataDir != "/from/flag" || cfg.NATSListen != "127.0.0.1:4222" || cfg.GRPCAddr != ":9000" {
 		t.Fatalf("flags: %+v, %v", cfg, err)
 	}
-	if _, err := parseConfig([]string{"--nats-url", "nats://x", "--nats-listen", "127.0.0.1:4222"}); err == nil {
-		t.Fatal("--nats-url with --nats-listen accepted")
-	}
-	if _, err := parseConfig([]string{"--no-such-flag"}); err == nil {
-		t.Fatal("unknown flag accepted")
-	}
-}
-
-// run starts the embedded server, reports ready, and returns nil once its
-// context ends.
-func TestRunStopsCleanly(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	ready := make(chan struct{})
-	go func() {
-		done <- run(ctx, config{dataDir: t.TempDir()}, slog.New(slog.DiscardHandler), func() { close(ready) })
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("run ended before ready: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("not ready within 20s")
-	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run = %v", err)
+	for _, bad := range [][]string{
+		{"--nats-url", "nats://x", "--nats-listen", "127.0.0.1:4222"},
+		{"--no-such-flag"},
+		{"--replicas", "0"},
+		{"--max-streams", "many"},
+		{"--shutdown-timeout", "soon"},
+		{"--tls-cert", "cert.pem"},
+		{"stray"},
+	} {
+		if _, err := parseConfig(bad); err == nil {
+			t.Errorf("parseConfig(%q) accepted", bad)
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("run did not stop within 20s of cancel")
 	}
 }

@@ -1,0 +1,527 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/sidecar"
+	"github.com/jetorder/jetorder/internal/testutil"
+)
+
+// Google's Go client, configured only by PUBSUB_EMULATOR_HOST, creates a
+// topic and an ordered subscription, publishes and receives in order.
+func TestSidecarEmulatorHost(t *testing.T) {
+	sc := startSidecar(t, sidecar.Config{})
+	t.Setenv("PUBSUB_EMULATOR_HOST", sc.at.GRPC)
+	c, err := pubsub.NewClient(context.Background(), project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() }) // after Receive ends: cleanups run last-registered first
+	mustCreateTopic(t, c, "orders")
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("orders-sub"), Topic: topicPath("orders"), EnableMessageOrdering: true})
+
+	pub := c.Publisher("orders")
+	pub.EnableMessageOrdering = true
+	defer pub.Stop()
+	var want []string
+	for i := range 5 {
+		want = append(want, fmt.Sprintf("event-%d", i))
+		publishGo(t, pub, want[i], "user-123")
+	}
+	var got recorder
+	receiveGo(t, c.Subscriber("orders-sub"), func(_ context.Context, m *pubsub.Message) {
+		if m.OrderingKey == "user-123" {
+			got.add(string(m.Data))
+		}
+		m.Ack()
+	})
+	testutil.Eventually(t, 20*time.Second, func() bool { return got.count() >= 5 }, "received %v", got.snapshot)
+	if !slices.Equal(got.snapshot(), want) {
+		t.Fatalf("received %v, want %v", got.snapshot(), want)
+	}
+	sub, err := c.SubscriptionAdminClient.GetSubscription(context.Background(), &pb.GetSubscriptionRequest{Subscription: subPath("orders-sub")})
+	if err != nil || !sub.EnableMessageOrdering || sub.Topic != topicPath("orders") || sub.AckDeadlineSeconds != 10 {
+		t.Fatalf("GetSubscription = %v, %v", sub, err)
+	}
+}
+
+// The ordering checker over many keys through Google's Go client: two
+// subscriptions, one of them received by two clients with two streams
+// each, with random nacks. Every delivery is checked.
+func TestSidecarOrderingCheckerGoClient(t *testing.T) {
+	sc := startSidecar(t, sidecar.Config{})
+	c := sc.goClient()
+	mustCreateTopic(t, c, "checked")
+	for _, s := range []string{"sub-a", "sub-b"} {
+		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("checked"), EnableMessageOrdering: true})
+	}
+	chk := ordercheck.New()
+	handler := func(sub string) func(context.Context, *pubsub.Message) {
+		var n sync.Mutex
+		count := 0
+		return func(_ context.Context, m *pubsub.Message) {
+			key, idx, err := ordercheck.Decode(m.Data)
+			if err != nil || key != m.OrderingKey {
+				chk.Fail("%s: undecodable delivery %q (key %q): %v", sub, m.Data, m.OrderingKey, err)
+				m.Ack()
+				return
+			}
+			chk.Delivered(sub, key, idx)
+			n.Lock()
+			count++
+			nack := count%17 == 0
+			n.Unlock()
+			if nack {
+				chk.Released(sub, key, idx)
+				m.Nack()
+				return
+			}
+			chk.Acked(sub, key, idx)
+			m.Ack()
+		}
+	}
+	for _, cl := range []*pubsub.Client{c, sc.goClient()} {
+		s := cl.Subscriber("sub-a")
+		s.ReceiveSettings.NumGoroutines = 2
+		receiveGo(t, s, handler("sub-a"))
+	}
+	receiveGo(t, c.Subscriber("sub-b"), handler("sub-b"))
+
+	pub := c.Publisher("checked")
+	pub.EnableMessageOrdering = true
+	defer pub.Stop()
+	const keys, msgs = 32, 30
+	var results []*pubsub.PublishResult
+	for i := range msgs {
+		for k := 0; k <= keys; k++ {
+			key := fmt.Sprintf("key-%d.%s", k, strings.Repeat(">", k%3))
+			if k == keys {
+				key = ""
+			}
+			results = append(results, pub.Publish(context.Background(), &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+			chk.Published(key, i)
+		}
+	}
+	for _, r := range results {
+		if _, err := r.Get(context.Background()); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	}
+	testutil.Eventually(t, 90*time.Second, func() bool { return chk.Complete("sub-a") && chk.Complete("sub-b") },
+		"not everything acked: sub-a: %s; sub-b: %s", func() string { return chk.Missing("sub-a") }, func() string { return chk.Missing("sub-b") })
+	if v := chk.Violations(); len(v) > 0 {
+		t.Fatalf("%d ordering violations, first: %s", len(v), strings.Join(v, "\n"))
+	}
+	for _, s := range []string{"sub-a", "sub-b"} {
+		st := chk.Stats(s)
+		t.Logf("%s: %d deliveries, %d redeliveries, %d acks", s, st.Deliveries, st.Redeliveries, st.Acks)
+	}
+}
+
+// rawStream is a StreamingPull stream driven by hand.
+type rawStream struct {
+	t      *testing.T
+	stream pb.Subscriber_StreamingPullClient
+	msgs   chan *pb.ReceivedMessage
+	props  chan *pb.StreamingPullResponse_SubscriptionProperties
+	errc   chan error
+}
+
+func openRawStream(t *testing.T, sub pb.SubscriberClient, first *pb.StreamingPullRequest) *rawStream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	stream, err := sub.StreamingPull(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(first); err != nil {
+		t.Fatal(err)
+	}
+	r := &rawStream{t: t, stream: stream, msgs: make(chan *pb.ReceivedMessage, 10000),
+		props: make(chan *pb.StreamingPullResponse_SubscriptionProperties, 100), errc: make(chan error, 1)}
+	go func() {
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				r.errc <- err
+				return
+			}
+			select {
+			case r.props <- resp.GetSubscriptionProperties():
+			default:
+			}
+			for _, m := range resp.GetReceivedMessages() {
+				r.msgs <- m
+			}
+		}
+	}()
+	return r
+}
+
+// next returns the next delivered message, failing after 15s.
+func (r *rawStream) next() *pb.ReceivedMessage {
+	r.t.Helper()
+	select {
+	case m := <-r.msgs:
+		return m
+	case err := <-r.errc:
+		r.t.Fatalf("stream ended: %v", err)
+	case <-time.After(15 * time.Second):
+		r.t.Fatal("no message within 15s")
+	}
+	return nil
+}
+
+// quiet asserts that nothing is delivered for d: the one place these tests
+// wait out a period, because what they assert is an absence.
+func (r *rawStream) quiet(d time.Duration, why string) {
+	r.t.Helper()
+	select {
+	case m := <-r.msgs:
+		r.t.Fatalf("%s: got %q (key %q)", why, m.GetMessage().GetData(), m.GetMessage().GetOrderingKey())
+	case <-time.After(d):
+	}
+}
+
+// The sidecar itself holds a key's next message until the previous one is
+// acked: a raw client that takes everything it is given gets one message
+// per key; an ack lets that key's next one come, a nack brings the same
+// message again, and unkeyed messages are not held back.
+func TestSidecarHoldsEachKeyUntilAck(t *testing.T) {
+	sc := startSidecar(t, sidecar.Config{})
+	c := sc.goClient()
+	mustCreateTopic(t, c, "held")
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("held-sub"), Topic: topicPath("held"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
+	pubc, subc := sc.rawClient()
+	var msgs []*pb.PubsubMessage
+	for i := range 3 {
+		msgs = append(msgs, &pb.PubsubMessage{Data: []byte(fmt.Sprintf("a%d", i)), OrderingKey: "a"},
+			&pb.PubsubMessage{Data: []byte(fmt.Sprintf("b%d", i)), OrderingKey: "b"},
+			&pb.PubsubMessage{Data: []byte(fmt.Sprintf("u%d", i))})
+	}
+	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("held"), Messages: msgs}); err != nil {
+		t.Fatal(err)
+	}
+	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("held-sub"), StreamAckDeadlineSeconds: 60, ProtocolVersion: 1})
+	first := map[string]*pb.ReceivedMessage{}
+	var unkeyed []string
+	for len(first) < 2 || len(unkeyed) < 3 {
+		m := rs.next()
+		k := m.GetMessage().GetOrderingKey()
+		if k == "" {
+			unkeyed = append(unkeyed, string(m.GetMessage().GetData()))
+			continue
+		}
+		if prev, ok := first[k]; ok {
+			t.Fatalf("key %s: got %q while %q is unacked", k, m.GetMessage().GetData(), prev.GetMessage().GetData())
+		}
+		first[k] = m
+	}
+	if string(first["a"].GetMessage().GetData()) != "a0" || string(first["b"].GetMessage().GetData()) != "b0" {
+		t.Fatalf("first deliveries %q, %q", first["a"].GetMessage().GetData(), first["b"].GetMessage().GetData())
+	}
+	if p := <-rs.props; !p.GetMessageOrderingEnabled() {
+		t.Fatal("subscription_properties.message_ordering_enabled not set")
+	}
+	rs.quiet(300*time.Millisecond, "a key's second message while its first is unacked")
+
+	// Ack a0: a1 comes. Nack b0: b0 comes again, attempt 2.
+	if _, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("held-sub"), AckIds: []string{first["a"].AckId}}); err != nil {
+		t.Fatal(err)
+	}
+	if m := rs.next(); string(m.GetMessage().GetData()) != "a1" {
+		t.Fatalf("after acking a0 got %q, want a1", m.GetMessage().GetData())
+	}
+	if _, err := subc.ModifyAckDeadline(context.Background(), &pb.ModifyAckDeadlineRequest{Subscription: subPath("held-sub"), AckIds: []string{first["b"].AckId}}); err != nil {
+		t.Fatal(err)
+	}
+	if m := rs.next(); string(m.GetMessage().GetData()) != "b0" || m.GetDeliveryAttempt() != 2 {
+		t.Fatalf("after nacking b0 got %q attempt %d, want b0 attempt 2", m.GetMessage().GetData(), m.GetDeliveryAttempt())
+	}
+}
+
+// A lease runs out after the stream's ack deadline and the message comes
+// again before the next of its key; ModifyAckDeadline extends a lease past
+// the subscription's ack deadline (JetStream's AckWait).
+func TestSidecarLeaseExpiryAndExtension(t *testing.T) {
+	sc := startSidecar(t, sidecar.Config{})
+	c := sc.goClient()
+	mustCreateTopic(t, c, "leases")
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("leases-sub"), Topic: topicPath("leases"), EnableMessageOrdering: true, AckDeadlineSeconds: 1})
+	pubc, subc := sc.rawClient()
+	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("leases"), Messages: []*pb.PubsubMessage{
+		{Data: []byte("m0"), OrderingKey: "k"}, {Data: []byte("m1"), OrderingKey: "k"}}}); err != nil {
+		t.Fatal(err)
+	}
+	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("leases-sub"), StreamAckDeadlineSeconds: 1})
+	m := rs.next()
+	if string(m.GetMessage().GetData()) != "m0" {
+		t.Fatalf("got %q, want m0", m.GetMessage().GetData())
+	}
+	// Not acked: after about a second it comes again, attempt 2.
+	m = rs.next()
+	if string(m.GetMessage().GetData()) != "m0" || m.GetDeliveryAttempt() != 2 {
+		t.Fatalf("after expiry got %q attempt %d, want m0 attempt 2", m.GetMessage().GetData(), m.GetDeliveryAttempt())
+	}
+	// Extend to 3s, three times the subscription's deadline.
+	extended := time.Now()
+	if _, err := subc.ModifyAckDeadline(context.Background(), &pb.ModifyAckDeadlineRequest{Subscription: subPath("leases-sub"), AckIds: []string{m.AckId}, AckDeadlineSeconds: 3}); err != nil {
+		t.Fatal(err)
+	}
+	m = rs.next()
+	if waited := time.Since(extended); waited < 2500*time.Millisecond {
+		t.Fatalf("redelivered %v after a 3s extension", waited)
+	}
+	if string(m.GetMessage().GetData()) != "m0" || m.GetDeliveryAttempt() != 3 {
+		t.Fatalf("after the extension ran out got %q attempt %d, want m0 attempt 3", m.GetMessage().GetData(), m.GetDeliveryAttempt())
+	}
+	if _, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("leases-sub"), AckIds: []string{m.AckId}}); err != nil {
+		t.Fatal(err)
+	}
+	if m = rs.next(); string(m.GetMessage().GetData()) != "m1" || m.GetDeliveryAttempt() != 1 {
+		t.Fatalf("after the ack got %q attempt %d, want m1 attempt 1", m.GetMessage().GetData(), m.GetDeliveryAttempt())
+	}
+}
+
+// A stream's max_outstanding_messages bounds what it is handed: more comes
+// only as messages are acked.
+func TestSidecarStreamFlowControl(t *testing.T) {
+	sc := startSidecar(t, sidecar.Config{})
+	c := sc.goClient()
+	mustCreateTopic(t, c, "flow")
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("flow-sub"), Topic: topicPath("flow"), AckDeadlineSeconds: 60})
+	pubc, subc := sc.rawClient()
+	var msgs []*pb.PubsubMessage
+	for i := range 10 {
+		msgs = append(msgs, &pb.PubsubMessage{Data: []byte(fmt.Sprint(i))})
+	}
+	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("flow"), Messages: msgs}); err != nil {
+		t.Fatal(err)
+	}
+	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("flow-sub"), StreamAckDeadlineSeconds: 60, MaxOutstandingMessages: 3})
+	var held []string
+	for range 3 {
+		held = append(held, rs.next().AckId)
+	}
+	rs.quiet(300*time.Millisecond, "a fourth message beyond max_outstanding_messages 3")
+	if _, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("flow-sub"), AckIds: held[:2]}); err != nil {
+		t.Fatal(err)
+	}
+	rs.next()
+	rs.next()
+	rs.quiet(300*time.Millisecond, "more than 3 outstanding after acking 2")
+}
+
+// Ack ids are authenticated: a tampered, made-up or foreign one is refused
+// with INVALID_ARGUMENT, and a request holding one changes nothing, not even
+// for the valid ids beside it.
+func TestSidecarRefusesForgedAckIDs(t *testing.T) {
+	sc := startSidecar(t, sidecar.Config{})
+	c := sc.goClient()
+	mustCreateTopic(t, c, "acks")
+	for _, s := range []string{"acks-sub", "other-sub"} {
+		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("acks"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
+	}
+	pubc, subc := sc.rawClient()
+	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("acks"), Messages: []*pb.PubsubMessage{
+		{Data: []byte("m0"), OrderingKey: "k"}, {Data: []byte("m1"), OrderingKey: "k"}}}); err != nil {
+		t.Fatal(err)
+	}
+	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("acks-sub"), StreamAckDeadlineSeconds: 60})
+	other := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("other-sub"), StreamAckDeadlineSeconds: 60})
+	m := rs.next()
+	foreign := other.next().AckId
+	tampered := []byte(m.AckId)
+	tampered[3] ^= 1
+	for _, bad := range []string{"", "x", string(tampered), foreign, strings.Repeat("A", len(m.AckId)), "jetorder.projects.test-project.>", m.AckId + "A"} {
+		_, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("acks-sub"), AckIds: []string{m.AckId, bad}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid ack id") {
+			t.Fatalf("Acknowledge with %q = %v, want INVALID_ARGUMENT invalid ack id", bad, err)
+		}
+		_, err = subc.ModifyAckDeadline(context.Background(), &pb.ModifyAckDeadlineRequest{Subscription: subPath("acks-sub"), AckIds: []string{bad}, AckDeadlineSeconds: 0})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("ModifyAckDeadline with %q = %v, want INVALID_ARGUMENT", bad, err)
+		}
+	}
+	// m0 was never acked: nacking it brings it back, not m1.
+	if _, err := subc.ModifyAckDeadline(context.Background(), &pb.ModifyAckDeadlineRequest{Subscription: subPath("acks-sub"), AckIds: []string{m.AckId}}); err != nil {
+		t.Fatal(err)
+	}
+	if m := rs.next(); string(m.GetMessage().GetData()) != "m0" {
+		t.Fatalf("after the refused acks and a nack got %q, want m0 again", m.GetMessage().GetData())
+	}
+}
+
+// Bad requests get the status code that says what is wrong, and change
+// nothing.
+func TestSidecarBadRequests(t *testing.T) {
+	sc := startSidecar(t, sidecar.Config{})
+	c := sc.goClient()
+	mustCreateTopic(t, c, "bad")
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("bad-sub"), Topic: topicPath("bad"), EnableMessageOrdering: true})
+	pubc, subc := sc.rawClient()
+	ctx := context.Background()
+	long := strings.Repeat("k", 1025)
+	cases := []struct {
+		name string
+		call func() error
+		code codes.Code
+		text string
+	}{
+		{"topic name", func() error { _, err := pubc.GetTopic(ctx, &pb.GetTopicRequest{Topic: "topics/bad"}); return err }, codes.InvalidArgument, "invalid topic name"},
+		{"topic id", func() error { _, err := pubc.CreateTopic(ctx, &pb.Topic{Name: topicPath("a.b>")}); return err }, codes.InvalidArgument, "invalid topic name"},
+		{"project", func() error { _, err := pubc.ListTopics(ctx, &pb.ListTopicsRequest{Project: "projects/"}); return err }, codes.InvalidArgument, "invalid project name"},
+		{"unknown topic", func() error { _, err := pubc.GetTopic(ctx, &pb.GetTopicRequest{Topic: topicPath("nope")}); return err }, codes.NotFound, "topic not found"},
+		{"existing topic", func() error { _, err := pubc.CreateTopic(ctx, &pb.Topic{Name: topicPath("bad")}); return err }, codes.AlreadyExists, "exists"},
+		{"publish to unknown", func() error {
+			_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("nope"), Messages: []*pb.PubsubMessage{{Data: []byte("x")}}})
+			return err
+		}, codes.NotFound, "topic not found"},
+		{"long key", func() error {
+			_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("bad"), Messages: []*pb.PubsubMessage{{Data: []byte("x"), OrderingKey: long}}})
+			return err
+		}, codes.InvalidArgument, "Ordering key exceeds maximum length of 1024 bytes"},
+		{"no messages", func() error { _, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("bad")}); return err }, codes.InvalidArgument, "no messages"},
+		{"empty message", func() error {
+			_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("bad"), Messages: []*pb.PubsubMessage{{}}})
+			return err
+		}, codes.InvalidArgument, "neither data nor attributes"},
+		{"oversized message", func() error {
+			_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("bad"), Messages: []*pb.PubsubMessage{{Data: make([]byte, 9<<20)}}})
+			return err
+		}, codes.InvalidArgument, "invalid message"},
+		{"reserved attribute", func() error {
+			_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("bad"), Messages: []*pb.PubsubMessage{{Data: []byte("x"), Attributes: map[string]string{"googx": "1"}}}})
+			return err
+		}, codes.InvalidArgument, "reserved"},
+		{"subscription name", func() error {
+			_, err := subc.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: "projects/p/topics/t"})
+			return err
+		}, codes.InvalidArgument, "invalid subscription name"},
+		{"unknown subscription", func() error {
+			_, err := subc.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: subPath("nope")})
+			return err
+		}, codes.NotFound, "subscription not found"},
+		{"subscription of unknown topic", func() error {
+			_, err := subc.CreateSubscription(ctx, &pb.Subscription{Name: subPath("sub-2"), Topic: topicPath("nope")})
+			return err
+		}, codes.NotFound, "topic not found"},
+		{"ack deadline", func() error {
+			_, err := subc.CreateSubscription(ctx, &pb.Subscription{Name: subPath("sub-3"), Topic: topicPath("bad"), AckDeadlineSeconds: 601})
+			return err
+		}, codes.InvalidArgument, "ack_deadline_seconds"},
+		{"push", func() error {
+			_, err := subc.CreateSubscription(ctx, &pb.Subscription{Name: subPath("sub-4"), Topic: topicPath("bad"), PushConfig: &pb.PushConfig{PushEndpoint: "https://x"}})
+			return err
+		}, codes.InvalidArgument, "push"},
+		{"ordering is immutable", func() error {
+			_, err := subc.UpdateSubscription(ctx, &pb.UpdateSubscriptionRequest{Subscription: &pb.Subscription{Name: subPath("bad-sub")}, UpdateMask: fieldMask("enable_message_ordering")})
+			return err
+		}, codes.InvalidArgument, "enable_message_ordering cannot be changed"},
+		{"pull max_messages", func() error {
+			_, err := subc.Pull(ctx, &pb.PullRequest{Subscription: subPath("bad-sub")})
+			return err
+		}, codes.InvalidArgument, "max_messages"},
+		{"pull unknown", func() error {
+			_, err := subc.Pull(ctx, &pb.PullRequest{Subscription: subPath("nope"), MaxMessages: 1})
+			return err
+		}, codes.NotFound, "subscription not found"},
+		{"modify deadline", func() error {
+			_, err := subc.ModifyAckDeadline(ctx, &pb.ModifyAckDeadlineRequest{Subscription: subPath("bad-sub"), AckIds: []string{"x"}, AckDeadlineSeconds: 601})
+			return err
+		}, codes.InvalidArgument, "ack_deadline_seconds"},
+		{"streaming pull name", func() error {
+			s, err := subc.StreamingPull(ctx)
+			if err == nil {
+				err = s.Send(&pb.StreamingPullRequest{Subscription: "nope"})
+			}
+			if err == nil {
+				_, err = s.Recv()
+			}
+			return err
+		}, codes.InvalidArgument, "invalid subscription name"},
+		{"streaming pull unknown", func() error {
+			s, err := subc.StreamingPull(ctx)
+			if err == nil {
+				err = s.Send(&pb.StreamingPullRequest{Subscription: subPath("nope")})
+			}
+			if err == nil {
+				_, err = s.Recv()
+			}
+			return err
+		}, codes.NotFound, "subscription not found"},
+	}
+	for _, tc := range cases {
+		err := tc.call()
+		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.text) {
+			t.Errorf("%s: got %v, want %v containing %q", tc.name, err, tc.code, tc.text)
+		}
+	}
+	// Nothing was published by any of them.
+	resp, err := subc.Pull(ctx, &pb.PullRequest{Subscription: subPath("bad-sub"), MaxMessages: 10, ReturnImmediately: true})
+	if err != nil || len(resp.GetReceivedMessages()) != 0 {
+		t.Fatalf("after bad requests Pull = %v, %v; want nothing", resp.GetReceivedMessages(), err)
+	}
+}
+
+// Messages published before a sidecar restart on the same data dir are all
+// delivered after it, in order per key.
+func TestSidecarRestartLosesNothing(t *testing.T) {
+	dir := t.TempDir()
+	sc := startSidecar(t, sidecar.Config{DataDir: dir})
+	c := sc.goClient()
+	mustCreateTopic(t, c, "durable")
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("durable-sub"), Topic: topicPath("durable"), EnableMessageOrdering: true})
+	pub := c.Publisher("durable")
+	pub.EnableMessageOrdering = true
+	chk := ordercheck.New()
+	const keys, msgs = 8, 25
+	var results []*pubsub.PublishResult
+	for i := range msgs {
+		for k := range keys {
+			key := fmt.Sprintf("k%d", k)
+			results = append(results, pub.Publish(context.Background(), &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+			chk.Published(key, i)
+		}
+	}
+	for _, r := range results {
+		if _, err := r.Get(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub.Stop()
+	_ = c.Close()
+	sc.stop()
+
+	sc = startSidecar(t, sidecar.Config{DataDir: dir})
+	c = sc.goClient()
+	receiveGo(t, c.Subscriber("durable-sub"), func(_ context.Context, m *pubsub.Message) {
+		key, idx, err := ordercheck.Decode(m.Data)
+		if err != nil {
+			chk.Fail("undecodable %q", m.Data)
+			m.Ack()
+			return
+		}
+		chk.Delivered("durable-sub", key, idx)
+		chk.Acked("durable-sub", key, idx)
+		m.Ack()
+	})
+	testutil.Eventually(t, 60*time.Second, func() bool { return chk.Complete("durable-sub") }, "missing after restart: %s",
+		func() string { return chk.Missing("durable-sub") })
+	if v := chk.Violations(); len(v) > 0 {
+		t.Fatalf("%d violations, first: %s", len(v), v[0])
+	}
+}

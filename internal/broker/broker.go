@@ -1,0 +1,185 @@
+// Package broker is what the sidecar's gRPC and HTTP APIs share: one
+// adapter client per project over one NATS connection, one publisher handle
+// per topic, and the metrics.
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/metrics"
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// publishDelay is how long a topic handle waits to batch messages of a key
+// before sending them. Publish requests arrive batched by the client
+// already, so the sidecar adds little waiting of its own.
+const publishDelay = time.Millisecond
+
+// Broker holds the sidecar's adapter clients and publisher handles. It is
+// safe for concurrent use.
+type Broker struct {
+	nc      *nats.Conn
+	opts    []adapter.Option
+	log     *slog.Logger
+	Metrics *metrics.Registry
+
+	mu      sync.Mutex
+	clients map[string]*adapter.Client // project -> client
+	topics  map[string]*adapter.Topic  // projects/P/topics/T -> publisher handle
+	closed  bool
+}
+
+// New returns a broker over nc; opts configure every adapter client.
+func New(nc *nats.Conn, log *slog.Logger, m *metrics.Registry, opts ...adapter.Option) *Broker {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if m == nil {
+		m = &metrics.Registry{}
+	}
+	return &Broker{
+		nc: nc, opts: opts, log: log, Metrics: m,
+		clients: make(map[string]*adapter.Client),
+		topics:  make(map[string]*adapter.Topic),
+	}
+}
+
+// Conn is the broker's NATS connection.
+func (b *Broker) Conn() *nats.Conn { return b.nc }
+
+// Client returns the adapter client of project, creating it on first use.
+func (b *Broker) Client(project string) (*adapter.Client, error) {
+	if err := keyrouter.ValidateProjectID(project); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, adapter.ErrClosed
+	}
+	if c, ok := b.clients[project]; ok {
+		return c, nil
+	}
+	c, err := adapter.NewClient(b.nc, project, b.opts...)
+	if err != nil {
+		return nil, err
+	}
+	b.clients[project] = c
+	return c, nil
+}
+
+// Topic returns the shared publisher handle of a topic.
+func (b *Broker) Topic(project, topic string) (*adapter.Topic, error) {
+	if err := keyrouter.ValidateTopicID(topic); err != nil {
+		return nil, err
+	}
+	c, err := b.Client(project)
+	if err != nil {
+		return nil, err
+	}
+	name := "projects/" + project + "/topics/" + topic
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, adapter.ErrClosed
+	}
+	t, ok := b.topics[name]
+	if !ok {
+		t = c.Topic(topic)
+		t.PublishSettings.DelayThreshold = publishDelay
+		b.topics[name] = t
+	}
+	return t, nil
+}
+
+// Publish publishes msgs to a topic and waits until each is stored. It
+// returns their ids, or the first error; messages that failed do not keep
+// their key paused, since each request stands alone (the client pauses
+// its own key). ctx bounds the whole wait.
+func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*adapter.Message) ([]string, error) {
+	t, err := b.Topic(project, topic)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	results := make([]*adapter.PublishResult, len(msgs))
+	for i, m := range msgs {
+		results[i] = t.Publish(ctx, m)
+	}
+	ids := make([]string, len(msgs))
+	var first error
+	var paused []string
+	for i, r := range results {
+		id, err := r.Get(ctx)
+		if err != nil {
+			b.Metrics.PublishFails.Inc()
+			if first == nil {
+				first = err
+			}
+			if k := msgs[i].OrderingKey; k != "" {
+				paused = append(paused, k)
+			}
+			continue
+		}
+		ids[i] = id
+		b.Metrics.Published.Inc()
+		b.Metrics.PublishLatency.Observe(time.Since(start))
+	}
+	if len(paused) > 0 {
+		// Wait for every result first, so that no message of this request
+		// is stored after one that failed; then let the key go on.
+		for _, k := range paused {
+			t.ResumePublish(k)
+		}
+	}
+	if first != nil {
+		return nil, first
+	}
+	return ids, nil
+}
+
+// Forget drops the publisher handle of a deleted topic, after flushing it.
+func (b *Broker) Forget(project, topic string) {
+	name := "projects/" + project + "/topics/" + topic
+	b.mu.Lock()
+	t := b.topics[name]
+	delete(b.topics, name)
+	b.mu.Unlock()
+	if t != nil {
+		t.Stop()
+	}
+}
+
+// Close flushes every publisher handle and closes the clients. The NATS
+// connection is the caller's.
+func (b *Broker) Close() {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.closed = true
+	topics, clients := b.topics, b.clients
+	b.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, t := range topics {
+		wg.Go(t.Stop)
+	}
+	wg.Wait()
+	for _, c := range clients {
+		if err := c.Close(); err != nil && !errors.Is(err, adapter.ErrClosed) {
+			b.log.Warn("close client", "project", c.Project(), "err", err)
+		}
+	}
+}
+
+// String names the broker's connection for logs.
+func (b *Broker) String() string { return fmt.Sprintf("broker(%s)", b.nc.ConnectedUrlRedacted()) }

@@ -1,0 +1,492 @@
+package pubsubapi
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"maps"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/jetorder/jetorder/adapter"
+)
+
+// maxHeldExtension bounds how long the adapter keeps a message's JetStream
+// deadline extended while a lease holds it; the lease's own deadline (set
+// and extended by the client) decides when it is redelivered.
+const maxHeldExtension = 24 * time.Hour
+
+// outcome is how a lease ended.
+type outcome int
+
+const (
+	outAck     outcome = iota
+	outNack            // ModifyAckDeadline 0, or a message the client could not be sent
+	outExpired         // the deadline passed
+)
+
+// dispatcher runs one adapter Receive for a subscription and hands its
+// messages to the streams and Pull calls attached to it.
+type dispatcher struct {
+	s           *Server
+	name        string // projects/P/subscriptions/S
+	ordering    bool
+	ackDeadline time.Duration
+
+	// ready passes each message from its Receive handler to whichever
+	// stream or Pull call takes it first. It is unbuffered: a message waits
+	// in its handler (its JetStream deadline extended) until a client has
+	// room for it.
+	ready    chan *lease
+	cancel   context.CancelFunc
+	draining chan struct{} // closed when no new message may be handed out
+	done     chan struct{} // closed when Receive has ended
+	err      error         // why Receive ended; set before done closes
+
+	mu       sync.Mutex
+	leases   map[uint64]*lease
+	keys     map[string]int // ordering key -> messages held
+	attached int            // streams and Pull calls
+	idle     *time.Timer
+	stopped  bool
+	drainSet bool
+}
+
+// lease is one message held for a client, from the moment a stream or
+// Pull call takes it until it is acked, nacked or its deadline passes.
+type lease struct {
+	d      *dispatcher
+	msg    *adapter.Message
+	size   int
+	id     uint64      // 0 until handed to a client
+	flow   *flow       // the stream's flow control; nil for Pull
+	timer  *time.Timer // guarded by d.mu
+	result chan outcome
+}
+
+var leaseIDs atomic.Uint64
+
+// attach returns the running dispatcher of a subscription, starting one if
+// needed, and counts the caller as attached until detach.
+func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, error) {
+	name := subscriptionName(project, id)
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, errShuttingDown
+		}
+		d := s.dispatchers[name]
+		s.mu.Unlock()
+		if d == nil {
+			break
+		}
+		if d.join() {
+			return d, nil
+		}
+		select { // stopping: wait until it is gone, then start anew
+		case <-d.done:
+		case <-ctx.Done():
+			return nil, toStatus(ctx.Err())
+		}
+	}
+	c, err := s.b.Client(project)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	sub := c.Subscription(id)
+	cfg, err := sub.Config(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errShuttingDown
+	}
+	if d := s.dispatchers[name]; d != nil && d.join() {
+		return d, nil // started meanwhile
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	d := &dispatcher{
+		s: s, name: name, ordering: cfg.EnableMessageOrdering, ackDeadline: cfg.AckDeadline,
+		ready: make(chan *lease), cancel: cancel,
+		draining: make(chan struct{}), done: make(chan struct{}),
+		leases: make(map[uint64]*lease), keys: make(map[string]int), attached: 1,
+	}
+	s.dispatchers[name] = d
+	sub.ReceiveSettings.MaxOutstandingMessages = s.cfg.MaxOutstandingMessages
+	sub.ReceiveSettings.MaxExtension = maxHeldExtension
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		d.finish(sub.Receive(rctx, d.handle))
+	}()
+	s.log.Debug("receiving", "subscription", name)
+	return d, nil
+}
+
+// join counts one more attached caller, unless the dispatcher is stopping.
+func (d *dispatcher) join() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopped {
+		return false
+	}
+	d.attached++
+	if d.idle != nil {
+		d.idle.Stop()
+	}
+	return true
+}
+
+func (d *dispatcher) detach() {
+	d.mu.Lock()
+	d.attached--
+	d.checkIdle()
+	d.mu.Unlock()
+}
+
+// checkIdle arms the idle stop when nothing is attached and no lease is
+// out. d.mu is held.
+func (d *dispatcher) checkIdle() {
+	if d.attached > 0 || len(d.leases) > 0 || d.stopped {
+		return
+	}
+	if d.idle == nil {
+		d.idle = time.AfterFunc(d.s.cfg.IdleStop, d.stopIfIdle)
+	} else {
+		d.idle.Reset(d.s.cfg.IdleStop)
+	}
+}
+
+func (d *dispatcher) stopIfIdle() {
+	d.mu.Lock()
+	idle := d.attached == 0 && len(d.leases) == 0 && !d.stopped
+	if idle {
+		d.stopped = true
+	}
+	d.mu.Unlock()
+	if idle {
+		d.s.log.Debug("stopped receiving: idle", "subscription", d.name)
+		d.cancel()
+	}
+}
+
+// drain stops handing out messages; leases already out can still be
+// settled.
+func (d *dispatcher) drain() {
+	d.mu.Lock()
+	if !d.drainSet {
+		d.drainSet = true
+		close(d.draining)
+	}
+	d.mu.Unlock()
+}
+
+// stop ends Receive: messages not with a client, and leases still out, are
+// handed back.
+func (d *dispatcher) stop() {
+	d.mu.Lock()
+	d.stopped = true
+	d.mu.Unlock()
+	d.drain()
+	d.cancel()
+}
+
+// finish records why Receive ended and forgets the dispatcher.
+func (d *dispatcher) finish(err error) {
+	d.mu.Lock()
+	d.stopped = true
+	d.err = err
+	d.mu.Unlock()
+	d.s.mu.Lock()
+	if d.s.dispatchers[d.name] == d {
+		delete(d.s.dispatchers, d.name)
+	}
+	d.s.mu.Unlock()
+	if err != nil {
+		d.s.log.Warn("receive ended", "subscription", d.name, "err", err)
+	}
+	close(d.done)
+}
+
+// endErr is what attached callers return once Receive has ended.
+func (d *dispatcher) endErr() error {
+	if d.err != nil {
+		return toStatus(d.err)
+	}
+	return errShuttingDown
+}
+
+// handle is the Receive handler: it offers the message to the clients and
+// waits for the lease to end. The adapter starts the next message of the
+// key only after this returns with an ack.
+func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
+	l := &lease{d: d, msg: m, size: messageSize(m), result: make(chan outcome, 1)}
+	d.holdKey(m.OrderingKey, 1)
+	defer d.holdKey(m.OrderingKey, -1)
+	select {
+	case d.ready <- l:
+	case <-ctx.Done():
+		m.Nack()
+		return
+	}
+	select {
+	case o := <-l.result:
+		if o == outAck {
+			m.Ack()
+		} else {
+			m.Nack()
+		}
+	case <-ctx.Done():
+		// Receive is ending (shutdown, or the subscription is gone): the
+		// client can no longer settle the lease, so the message goes back.
+		d.drop(l)
+		m.Nack()
+	}
+}
+
+func (d *dispatcher) holdKey(key string, n int) {
+	if key == "" {
+		return
+	}
+	d.mu.Lock()
+	if d.keys[key] += n; d.keys[key] <= 0 {
+		delete(d.keys, key)
+	}
+	d.mu.Unlock()
+}
+
+// lease hands l to a client for deadline: it gets an ack id and a timer.
+func (d *dispatcher) lease(l *lease, f *flow, deadline time.Duration) *pb.ReceivedMessage {
+	id := leaseIDs.Add(1)
+	if f != nil {
+		f.take(l.size)
+	}
+	d.mu.Lock()
+	l.id, l.flow = id, f
+	d.leases[id] = l
+	l.timer = time.AfterFunc(deadline, func() { d.settle(id, outExpired) })
+	d.mu.Unlock()
+
+	mt := d.s.b.Metrics
+	mt.Delivered.Inc()
+	mt.Outstanding.Add(1)
+	if l.msg.DeliveryAttempt > 1 {
+		mt.Redelivered.Inc()
+	} else if !l.msg.PublishTime.IsZero() {
+		mt.DeliveryLatency.Observe(time.Since(l.msg.PublishTime))
+	}
+	return &pb.ReceivedMessage{
+		AckId:           d.s.ackID(d.name, id),
+		Message:         messageProto(l.msg),
+		DeliveryAttempt: int32(l.msg.DeliveryAttempt),
+	}
+}
+
+// settle ends the lease id with o; it reports false for a lease that has
+// ended already (or never existed here).
+func (d *dispatcher) settle(id uint64, o outcome) bool {
+	d.mu.Lock()
+	l := d.leases[id]
+	if l == nil {
+		d.mu.Unlock()
+		return false
+	}
+	delete(d.leases, id)
+	l.timer.Stop()
+	d.checkIdle()
+	d.mu.Unlock()
+	if l.flow != nil {
+		l.flow.release(l.size)
+	}
+	mt := d.s.b.Metrics
+	mt.Outstanding.Add(-1)
+	switch o {
+	case outAck:
+		mt.Acked.Inc()
+	case outNack:
+		mt.Nacked.Inc()
+	case outExpired:
+		mt.Expired.Inc()
+	}
+	l.result <- o // buffered, and a lease is settled once
+	return true
+}
+
+// extend moves the deadline of lease id to now+deadline.
+func (d *dispatcher) extend(id uint64, deadline time.Duration) {
+	d.mu.Lock()
+	if l := d.leases[id]; l != nil {
+		l.timer.Reset(deadline)
+	}
+	d.mu.Unlock()
+}
+
+// drop forgets a lease whose message its handler hands back itself.
+func (d *dispatcher) drop(l *lease) {
+	d.mu.Lock()
+	if l.id == 0 || d.leases[l.id] != l {
+		d.mu.Unlock()
+		return
+	}
+	delete(d.leases, l.id)
+	l.timer.Stop()
+	d.checkIdle()
+	d.mu.Unlock()
+	if l.flow != nil {
+		l.flow.release(l.size)
+	}
+	d.s.b.Metrics.Outstanding.Add(-1)
+	d.s.b.Metrics.Nacked.Inc()
+}
+
+// messageProto is the Pub/Sub form of a delivered message. Headers written
+// by other NATS publishers (CloudEvents' ce-*, content-type) are added as
+// attributes, unless an attribute of that name exists.
+func messageProto(m *adapter.Message) *pb.PubsubMessage {
+	attrs, copied := m.Attributes, false
+	for name, vals := range m.Header {
+		lower := strings.ToLower(name)
+		if len(vals) == 0 || strings.HasPrefix(lower, "jetorder-") || strings.HasPrefix(lower, "nats-") {
+			continue
+		}
+		if _, ok := attrs[lower]; ok {
+			continue
+		}
+		if !copied { // m.Attributes is the application's: never write to it
+			attrs, copied = maps.Clone(m.Attributes), true
+			if attrs == nil {
+				attrs = make(map[string]string, len(m.Header))
+			}
+		}
+		attrs[lower] = vals[0]
+	}
+	out := &pb.PubsubMessage{Data: m.Data, Attributes: attrs, MessageId: m.ID, OrderingKey: m.OrderingKey}
+	if !m.PublishTime.IsZero() {
+		out.PublishTime = timestamppb.New(m.PublishTime)
+	}
+	return out
+}
+
+func messageSize(m *adapter.Message) int {
+	n := len(m.Data) + len(m.OrderingKey) + len(m.ID)
+	for k, v := range m.Attributes {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// Ack ids are base64url(lease id, 8 bytes | HMAC-SHA256(key, subscription
+// name, lease id), first 16 bytes). The key is new for every process, so an
+// ack id is good only for the subscription and the process that issued it;
+// a client-made one is refused before anything is looked up.
+
+const ackIDMACBytes = 16
+
+func (s *Server) ackID(sub string, id uint64) string {
+	var buf [8 + ackIDMACBytes]byte
+	binary.BigEndian.PutUint64(buf[:8], id)
+	copy(buf[8:], s.ackMAC(sub, buf[:8]))
+	return base64.RawURLEncoding.EncodeToString(buf[:])
+}
+
+func (s *Server) ackMAC(sub string, id []byte) []byte {
+	h := hmac.New(sha256.New, s.ackKey)
+	h.Write([]byte(sub))
+	h.Write([]byte{0})
+	h.Write(id)
+	return h.Sum(nil)[:ackIDMACBytes]
+}
+
+var errInvalidAckID = errors.New("invalid ack id")
+
+// parseAckID returns the lease id of an ack id issued for sub.
+func (s *Server) parseAckID(sub, ackID string) (uint64, error) {
+	if len(ackID) != base64.RawURLEncoding.EncodedLen(8+ackIDMACBytes) {
+		return 0, errInvalidAckID
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(ackID)
+	if err != nil || len(raw) != 8+ackIDMACBytes {
+		return 0, errInvalidAckID
+	}
+	if !hmac.Equal(raw[8:], s.ackMAC(sub, raw[:8])) {
+		return 0, errInvalidAckID
+	}
+	return binary.BigEndian.Uint64(raw[:8]), nil
+}
+
+// parseAckIDs checks every ack id before any is used, so a request with one
+// bad id changes nothing.
+func (s *Server) parseAckIDs(sub string, ackIDs []string) ([]uint64, error) {
+	ids := make([]uint64, len(ackIDs))
+	for i, a := range ackIDs {
+		id, err := s.parseAckID(sub, a)
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "invalid ack id %.40q for %s: not issued for this subscription by this sidecar", a, sub)
+		}
+		ids[i] = id
+	}
+	return ids, nil
+}
+
+// flow is a stream's flow control: the client's limits on messages and
+// bytes outstanding (handed over and not settled). Zero means no limit.
+type flow struct {
+	maxMsgs, maxBytes int64
+
+	mu          sync.Mutex
+	msgs, bytes int64
+	wake        chan struct{}
+}
+
+func newFlow(maxMsgs, maxBytes int64) *flow {
+	return &flow{maxMsgs: maxMsgs, maxBytes: maxBytes, wake: make(chan struct{}, 1)}
+}
+
+func (f *flow) room() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return (f.maxMsgs <= 0 || f.msgs < f.maxMsgs) && (f.maxBytes <= 0 || f.bytes < f.maxBytes)
+}
+
+// wait returns when there is room for one more message, or done closes.
+func (f *flow) wait(done <-chan struct{}) bool {
+	for !f.room() {
+		select {
+		case <-f.wake:
+		case <-done:
+			return false
+		}
+	}
+	return true
+}
+
+func (f *flow) take(size int) {
+	f.mu.Lock()
+	f.msgs++
+	f.bytes += int64(size)
+	f.mu.Unlock()
+}
+
+func (f *flow) release(size int) {
+	f.mu.Lock()
+	f.msgs--
+	f.bytes -= int64(size)
+	f.mu.Unlock()
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,188 @@
+package pubsubapi
+
+import (
+	"context"
+
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// maxPublishRequestBytes is Pub/Sub's limit on one Publish request.
+const maxPublishRequestBytes = 10 << 20
+
+// CreateTopic creates a topic; message_retention_duration bounds how long
+// its messages are kept.
+func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error) {
+	project, id, err := parseTopic(t.GetName())
+	if err != nil {
+		return nil, err
+	}
+	cfg := &adapter.TopicConfig{}
+	if d := t.GetMessageRetentionDuration(); d != nil {
+		if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
+			return nil, invalid("invalid message_retention_duration %v", d)
+		}
+		cfg.RetentionDuration = d.AsDuration()
+	}
+	if t.GetSchemaSettings() != nil || t.GetIngestionDataSourceSettings() != nil || len(t.GetMessageTransforms()) > 0 {
+		return nil, invalid("topic %s: schemas, ingestion and message transforms are not supported", t.GetName())
+	}
+	c, err := s.b.Client(project)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if _, err := c.CreateTopicWithConfig(ctx, id, cfg); err != nil {
+		return nil, toStatus(err)
+	}
+	return topicProto(project, id, *cfg), nil
+}
+
+func topicProto(project, id string, cfg adapter.TopicConfig) *pb.Topic {
+	t := &pb.Topic{Name: topicName(project, id), State: pb.Topic_ACTIVE}
+	if cfg.RetentionDuration > 0 {
+		t.MessageRetentionDuration = durationpb.New(cfg.RetentionDuration)
+	}
+	return t
+}
+
+// GetTopic returns a topic's configuration.
+func (s *Server) GetTopic(ctx context.Context, req *pb.GetTopicRequest) (*pb.Topic, error) {
+	project, id, err := parseTopic(req.GetTopic())
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.b.Client(project)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	cfg, err := c.Topic(id).Config(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return topicProto(project, id, cfg), nil
+}
+
+// ListTopics lists a project's topics, sorted by name.
+func (s *Server) ListTopics(ctx context.Context, req *pb.ListTopicsRequest) (*pb.ListTopicsResponse, error) {
+	project, err := parseProject(req.GetProject())
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.b.Client(project)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	topics, err := c.Topics(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	topics, next, err := page(topics, (*adapter.Topic).ID, req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.ListTopicsResponse{NextPageToken: next}
+	for _, t := range topics {
+		cfg, err := t.Config(ctx)
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		resp.Topics = append(resp.Topics, topicProto(project, t.ID(), cfg))
+	}
+	return resp, nil
+}
+
+// ListTopicSubscriptions lists the subscriptions of a topic, in any project
+// this sidecar has served.
+func (s *Server) ListTopicSubscriptions(ctx context.Context, req *pb.ListTopicSubscriptionsRequest) (*pb.ListTopicSubscriptionsResponse, error) {
+	project, id, err := parseTopic(req.GetTopic())
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.b.Client(project)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if ok, err := c.Topic(id).Exists(ctx); err != nil || !ok {
+		if err == nil {
+			err = adapter.ErrTopicNotFound
+		}
+		return nil, toStatus(err)
+	}
+	subs, err := c.Subscriptions(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	var names []string
+	for _, sub := range subs {
+		cfg, err := sub.Config(ctx)
+		if err != nil || cfg.Topic.String() != req.GetTopic() {
+			continue
+		}
+		names = append(names, sub.String())
+	}
+	names, next, err := page(names, func(n string) string { return n }, req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	return &pb.ListTopicSubscriptionsResponse{Subscriptions: names, NextPageToken: next}, nil
+}
+
+// DeleteTopic deletes a topic and its messages. Its subscriptions stay,
+// detached.
+func (s *Server) DeleteTopic(ctx context.Context, req *pb.DeleteTopicRequest) (*emptypb.Empty, error) {
+	project, id, err := parseTopic(req.GetTopic())
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.b.Client(project)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := c.Topic(id).Delete(ctx); err != nil {
+		return nil, toStatus(err)
+	}
+	s.b.Forget(project, id)
+	return &emptypb.Empty{}, nil
+}
+
+// Publish stores every message of the request, in order, and returns their
+// ids; when any fails, the request fails (the client retries it, and the
+// messages already stored are stored once, by their ids).
+func (s *Server) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.PublishResponse, error) {
+	project, id, err := parseTopic(req.GetTopic())
+	if err != nil {
+		return nil, err
+	}
+	if len(req.GetMessages()) == 0 {
+		return nil, invalid("publish to %s: the request has no messages", req.GetTopic())
+	}
+	total := 0
+	msgs := make([]*adapter.Message, len(req.GetMessages()))
+	for i, m := range req.GetMessages() {
+		total += len(m.GetData())
+		for k, v := range m.GetAttributes() {
+			total += len(k) + len(v)
+		}
+		if total > maxPublishRequestBytes {
+			return nil, invalid("publish to %s: the request is larger than %d bytes", req.GetTopic(), maxPublishRequestBytes)
+		}
+		if len(m.GetData()) == 0 && len(m.GetAttributes()) == 0 {
+			return nil, invalid("publish to %s: message %d has neither data nor attributes", req.GetTopic(), i)
+		}
+		if k := m.GetOrderingKey(); k != "" {
+			if err := keyrouter.ValidateOrderingKey(k); err != nil {
+				return nil, invalid("publish to %s: message %d: %v", req.GetTopic(), i, err)
+			}
+		}
+		msgs[i] = &adapter.Message{Data: m.GetData(), Attributes: m.GetAttributes(), OrderingKey: m.GetOrderingKey()}
+	}
+	ids, err := s.b.Publish(ctx, project, id, msgs)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.PublishResponse{MessageIds: ids}, nil
+}

@@ -1,0 +1,409 @@
+package pubsubapi
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+)
+
+const (
+	maxAckDeadlineSeconds = 600
+	// maxBatchMessages and maxBatchBytes bound one StreamingPull response
+	// or Pull result (clients accept 4 MiB messages by default).
+	maxBatchMessages = 1000
+	maxBatchBytes    = 3 << 20
+)
+
+// StreamingPull streams a subscription's messages to the client within its
+// flow control (max_outstanding_messages and _bytes of the first request),
+// leased for stream_ack_deadline_seconds. Later requests may ack, modify
+// deadlines, or be empty keepalive pings, each answered with an empty
+// response. Every response sets subscription_properties, so the Go client
+// knows whether the subscription orders messages.
+func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	project, id, err := parseSubscription(first.GetSubscription())
+	if err != nil {
+		return err
+	}
+	deadline, err := streamDeadline(first.GetStreamAckDeadlineSeconds())
+	if err != nil {
+		return err
+	}
+	if first.GetMaxOutstandingMessages() < 0 || first.GetMaxOutstandingBytes() < 0 {
+		return invalid("max_outstanding_messages and max_outstanding_bytes must not be negative")
+	}
+	if !s.openStream() {
+		return status.Errorf(codes.ResourceExhausted, "too many StreamingPull streams (at most %d)", s.cfg.MaxStreams)
+	}
+	defer s.closeStream()
+	d, err := s.attach(ctx, project, id)
+	if err != nil {
+		return err
+	}
+	defer d.detach()
+
+	st := &pullStream{s: s, d: d, stream: stream, flow: newFlow(first.GetMaxOutstandingMessages(), first.GetMaxOutstandingBytes())}
+	st.deadline.Store(int64(deadline))
+	if err := st.apply(first); err != nil {
+		return err
+	}
+	// The subscription's properties go first, before any message is ready.
+	if err := st.send(nil); err != nil {
+		return err
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- st.receive() }()
+	return st.run(ctx, ended)
+}
+
+func streamDeadline(secs int32) (time.Duration, error) {
+	if secs < 0 || secs > maxAckDeadlineSeconds {
+		return 0, invalid("stream_ack_deadline_seconds %d not in 0..%d", secs, maxAckDeadlineSeconds)
+	}
+	return time.Duration(secs) * time.Second, nil
+}
+
+func (s *Server) openStream() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.streams >= s.cfg.MaxStreams {
+		return false
+	}
+	s.streams++
+	s.b.Metrics.Streams.Add(1)
+	return true
+}
+
+func (s *Server) closeStream() {
+	s.mu.Lock()
+	s.streams--
+	s.mu.Unlock()
+	s.b.Metrics.Streams.Add(-1)
+}
+
+type pullStream struct {
+	s        *Server
+	d        *dispatcher
+	stream   pb.Subscriber_StreamingPullServer
+	flow     *flow
+	deadline atomic.Int64 // stream ack deadline, ns; 0: the subscription's
+	sendMu   sync.Mutex   // gRPC allows one sender at a time
+}
+
+// run hands messages to the client until the stream or the dispatcher
+// ends. Leases still out when it ends stay valid until their deadlines, as
+// in Pub/Sub: clients ack through Acknowledge, which does not need the
+// stream.
+func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
+	d := st.d
+	stop := make(chan struct{})
+	var endErr error
+	go func() {
+		select {
+		case endErr = <-ended:
+		case <-ctx.Done():
+		}
+		close(stop)
+	}()
+	for {
+		if !st.flow.wait(stop) {
+			break
+		}
+		var l *lease
+		select {
+		case l = <-d.ready:
+		case <-stop:
+		case <-d.done:
+			return d.endErr()
+		case <-d.draining:
+			select { // hand out nothing more; leases can still be settled
+			case <-stop:
+			case <-d.done:
+				return d.endErr()
+			}
+		}
+		if l == nil {
+			break
+		}
+		deadline := time.Duration(st.deadline.Load())
+		if deadline == 0 {
+			deadline = d.ackDeadline
+		}
+		batch := []*pb.ReceivedMessage{d.lease(l, st.flow, deadline)}
+		bytes := l.size
+	more:
+		for len(batch) < maxBatchMessages && bytes < maxBatchBytes && st.flow.room() {
+			select {
+			case l = <-d.ready:
+				batch = append(batch, d.lease(l, st.flow, deadline))
+				bytes += l.size
+			default:
+				break more
+			}
+		}
+		if err := st.send(batch); err != nil {
+			// The client may not have them: hand them back now.
+			for _, m := range batch {
+				if id, err := st.s.parseAckID(d.name, m.AckId); err == nil {
+					d.settle(id, outNack)
+				}
+			}
+			return err
+		}
+	}
+	<-stop
+	if errors.Is(endErr, io.EOF) {
+		return nil // the client closed its side: a clean end
+	}
+	if endErr != nil {
+		return endErr
+	}
+	return status.FromContextError(ctx.Err()).Err()
+}
+
+// receive reads the client's requests until the stream ends.
+func (st *pullStream) receive() error {
+	for {
+		req, err := st.stream.Recv()
+		if err != nil {
+			return err
+		}
+		if err := st.apply(req); err != nil {
+			return err
+		}
+		if len(req.GetAckIds()) == 0 && len(req.GetModifyDeadlineAckIds()) == 0 {
+			// A keepalive ping: protocol_version >= 1 clients close the
+			// stream unless it is answered.
+			if err := st.send(nil); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// apply carries out a request's acks, deadline changes and a new stream
+// deadline. Every ack id is checked first: one bad id fails the request
+// and nothing of it is applied.
+func (st *pullStream) apply(req *pb.StreamingPullRequest) error {
+	if req.GetStreamAckDeadlineSeconds() != 0 {
+		d, err := streamDeadline(req.GetStreamAckDeadlineSeconds())
+		if err != nil {
+			return err
+		}
+		st.deadline.Store(int64(d))
+	}
+	if len(req.GetModifyDeadlineSeconds()) != len(req.GetModifyDeadlineAckIds()) {
+		return invalid("modify_deadline_seconds has %d entries and modify_deadline_ack_ids %d: they must match",
+			len(req.GetModifyDeadlineSeconds()), len(req.GetModifyDeadlineAckIds()))
+	}
+	for _, secs := range req.GetModifyDeadlineSeconds() {
+		if secs < 0 || secs > maxAckDeadlineSeconds {
+			return invalid("modify deadline %d not in 0..%d seconds", secs, maxAckDeadlineSeconds)
+		}
+	}
+	acks, err := st.s.parseAckIDs(st.d.name, req.GetAckIds())
+	if err != nil {
+		return err
+	}
+	mods, err := st.s.parseAckIDs(st.d.name, req.GetModifyDeadlineAckIds())
+	if err != nil {
+		return err
+	}
+	for _, id := range acks {
+		st.d.settle(id, outAck)
+	}
+	for i, id := range mods {
+		st.d.modify(id, req.GetModifyDeadlineSeconds()[i])
+	}
+	return nil
+}
+
+func (st *pullStream) send(batch []*pb.ReceivedMessage) error {
+	st.sendMu.Lock()
+	defer st.sendMu.Unlock()
+	return st.stream.Send(&pb.StreamingPullResponse{
+		ReceivedMessages:       batch,
+		SubscriptionProperties: &pb.StreamingPullResponse_SubscriptionProperties{MessageOrderingEnabled: st.d.ordering},
+	})
+}
+
+// modify nacks lease id for 0 seconds, and otherwise moves its deadline.
+func (d *dispatcher) modify(id uint64, secs int32) {
+	if secs == 0 {
+		d.settle(id, outNack)
+		return
+	}
+	d.extend(id, time.Duration(secs)*time.Second)
+}
+
+// Pull returns up to max_messages messages, waiting up to PullWait for the
+// first one; it returns an empty response when none comes.
+func (s *Server) Pull(ctx context.Context, req *pb.PullRequest) (*pb.PullResponse, error) {
+	project, id, err := parseSubscription(req.GetSubscription())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetMaxMessages() <= 0 {
+		return nil, invalid("max_messages must be positive, got %d", req.GetMaxMessages())
+	}
+	d, err := s.attach(ctx, project, id)
+	if err != nil {
+		return nil, err
+	}
+	defer d.detach()
+	wait := s.cfg.PullWait
+	if req.GetReturnImmediately() {
+		wait = 50 * time.Millisecond // a moment for a message already waiting in a handler
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	resp := &pb.PullResponse{}
+	var l *lease
+	select {
+	case l = <-d.ready:
+	case <-t.C:
+		return resp, nil
+	case <-d.draining:
+		return resp, nil
+	case <-d.done:
+		return nil, d.endErr()
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	bytes := 0
+	for {
+		resp.ReceivedMessages = append(resp.ReceivedMessages, d.lease(l, nil, d.ackDeadline))
+		bytes += l.size
+		if len(resp.ReceivedMessages) >= int(min(req.GetMaxMessages(), maxBatchMessages)) || bytes >= maxBatchBytes {
+			return resp, nil
+		}
+		select {
+		case l = <-d.ready:
+		default:
+			return resp, nil
+		}
+	}
+}
+
+// Acknowledge acks messages. Ack ids of leases that have ended are
+// ignored, as in Pub/Sub; an ack id this sidecar did not issue for the
+// subscription fails the request, and none of its ack ids is used.
+func (s *Server) Acknowledge(ctx context.Context, req *pb.AcknowledgeRequest) (*emptypb.Empty, error) {
+	project, id, err := parseSubscription(req.GetSubscription())
+	if err != nil {
+		return nil, err
+	}
+	if len(req.GetAckIds()) == 0 {
+		return nil, invalid("acknowledge %s: no ack ids", req.GetSubscription())
+	}
+	ids, err := s.parseAckIDs(req.GetSubscription(), req.GetAckIds())
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.running(ctx, project, id)
+	if d == nil {
+		return &emptypb.Empty{}, err
+	}
+	for _, lid := range ids {
+		d.settle(lid, outAck)
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// ModifyAckDeadline extends leases by ack_deadline_seconds from now, or
+// nacks them for 0: they are redelivered at once, before anything later of
+// their ordering keys.
+func (s *Server) ModifyAckDeadline(ctx context.Context, req *pb.ModifyAckDeadlineRequest) (*emptypb.Empty, error) {
+	project, id, err := parseSubscription(req.GetSubscription())
+	if err != nil {
+		return nil, err
+	}
+	secs := req.GetAckDeadlineSeconds()
+	if secs < 0 || secs > maxAckDeadlineSeconds {
+		return nil, invalid("ack_deadline_seconds %d not in 0..%d", secs, maxAckDeadlineSeconds)
+	}
+	if len(req.GetAckIds()) == 0 {
+		return nil, invalid("modify ack deadline of %s: no ack ids", req.GetSubscription())
+	}
+	ids, err := s.parseAckIDs(req.GetSubscription(), req.GetAckIds())
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.running(ctx, project, id)
+	if d == nil {
+		return &emptypb.Empty{}, err
+	}
+	for _, lid := range ids {
+		d.modify(lid, secs)
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// running returns the subscription's dispatcher. Without one no lease of
+// it is out: it returns nil, with NOT_FOUND if the subscription does not
+// exist.
+func (s *Server) running(ctx context.Context, project, id string) (*dispatcher, error) {
+	s.mu.Lock()
+	d := s.dispatchers[subscriptionName(project, id)]
+	s.mu.Unlock()
+	if d != nil {
+		return d, nil
+	}
+	c, err := s.b.Client(project)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	ok, err := c.Subscription(id).Exists(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "subscription %s not found", subscriptionName(project, id))
+	}
+	return nil, nil
+}
+
+// Drain stops handing out messages and waits, until ctx ends, for the
+// leases out to be settled; then Close hands back the rest.
+func (s *Server) Drain(ctx context.Context) {
+	s.mu.Lock()
+	s.closed = true
+	ds := make([]*dispatcher, 0, len(s.dispatchers))
+	for _, d := range s.dispatchers {
+		ds = append(ds, d)
+	}
+	s.mu.Unlock()
+	for _, d := range ds {
+		d.drain()
+	}
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for _, d := range ds {
+		for {
+			d.mu.Lock()
+			n := len(d.leases)
+			d.mu.Unlock()
+			if n == 0 {
+				break
+			}
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,249 @@
+// Package pubsubapi serves the Google Pub/Sub v1 gRPC API
+// (google.pubsub.v1.Publisher and Subscriber) over the adapter, so Google's
+// client libraries work unchanged against the sidecar through
+// PUBSUB_EMULATOR_HOST.
+//
+// Each subscription that has StreamingPull streams or Pull calls attached
+// runs one adapter Receive in this process (a dispatcher). Its handler hands
+// each message to a stream or Pull call as a lease, and holds it until the
+// client acks, nacks (ModifyAckDeadline 0) or lets the lease expire. The
+// adapter does not start the next message of an ordering key before the
+// handler of the previous one has acked it, so per-key order holds for every
+// client, including those that do not serialize handlers per key themselves.
+package pubsubapi
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// Config tunes a Server. Zero values mean the defaults.
+type Config struct {
+	// MaxOutstandingMessages bounds the messages one subscription holds in
+	// this process: handed to clients or waiting for one. Default 1000.
+	MaxOutstandingMessages int
+	// MaxStreams bounds the open StreamingPull streams. Default 1000.
+	MaxStreams int
+	// IdleStop is how long a subscription's dispatcher keeps receiving with
+	// no stream or Pull call attached and no lease outstanding. Default 30s.
+	IdleStop time.Duration
+	// PullWait bounds how long a Pull call waits for a first message.
+	// Default 5s.
+	PullWait time.Duration
+	Logger   *slog.Logger
+}
+
+// Server implements pb.PublisherServer and pb.SubscriberServer.
+type Server struct {
+	pb.UnimplementedPublisherServer
+	pb.UnimplementedSubscriberServer
+
+	b      *broker.Broker
+	cfg    Config
+	log    *slog.Logger
+	ackKey []byte // authenticates ack ids; new for every process
+
+	mu          sync.Mutex
+	dispatchers map[string]*dispatcher // projects/P/subscriptions/S
+	streams     int
+	closed      bool
+	wg          sync.WaitGroup // dispatchers' Receive calls
+}
+
+// New returns a server over b.
+func New(b *broker.Broker, cfg Config) *Server {
+	if cfg.MaxOutstandingMessages <= 0 {
+		cfg.MaxOutstandingMessages = 1000
+	}
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = 1000
+	}
+	if cfg.IdleStop <= 0 {
+		cfg.IdleStop = 30 * time.Second
+	}
+	if cfg.PullWait <= 0 {
+		cfg.PullWait = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	s := &Server{b: b, cfg: cfg, log: cfg.Logger, ackKey: key, dispatchers: make(map[string]*dispatcher)}
+	b.Metrics.GaugeFunc("jetorder_active_keys", "Ordering keys with a message held by this sidecar (with a client or waiting for one).",
+		func() (float64, bool) { return float64(s.activeKeys()), true })
+	return s
+}
+
+// Register adds the Publisher and Subscriber services to g.
+func (s *Server) Register(g *grpc.Server) {
+	pb.RegisterPublisherServer(g, s)
+	pb.RegisterSubscriberServer(g, s)
+}
+
+// Close stops every dispatcher: messages waiting for a client are handed
+// back at once, leases still out are handed back too (they are redelivered
+// to whoever receives next), and Close waits for the Receive calls to end.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closed = true
+	ds := make([]*dispatcher, 0, len(s.dispatchers))
+	for _, d := range s.dispatchers {
+		ds = append(ds, d)
+	}
+	s.mu.Unlock()
+	for _, d := range ds {
+		d.stop()
+	}
+	s.wg.Wait()
+}
+
+func (s *Server) activeKeys() int {
+	s.mu.Lock()
+	ds := make([]*dispatcher, 0, len(s.dispatchers))
+	for _, d := range s.dispatchers {
+		ds = append(ds, d)
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, d := range ds {
+		d.mu.Lock()
+		n += len(d.keys)
+		d.mu.Unlock()
+	}
+	return n
+}
+
+// Resource names.
+
+func parseProject(name string) (string, error) {
+	p, ok := strings.CutPrefix(name, "projects/")
+	if !ok || p == "" || strings.Contains(p, "/") {
+		return "", status.Errorf(codes.InvalidArgument, "invalid project name %q: want projects/{project}", name)
+	}
+	if err := keyrouter.ValidateProjectID(p); err != nil {
+		return "", status.Errorf(codes.InvalidArgument, "invalid project name %q: %v", name, err)
+	}
+	return p, nil
+}
+
+// parseName splits projects/{project}/{kind}/{id}.
+func parseName(name, kind string) (project, id string, err error) {
+	parts := strings.Split(name, "/")
+	if len(parts) != 4 || parts[0] != "projects" || parts[2] != kind || parts[1] == "" || parts[3] == "" {
+		return "", "", status.Errorf(codes.InvalidArgument, "invalid %s name %q: want projects/{project}/%s/{id}", strings.TrimSuffix(kind, "s"), name, kind)
+	}
+	if err := keyrouter.ValidateProjectID(parts[1]); err != nil {
+		return "", "", status.Errorf(codes.InvalidArgument, "invalid %s name %q: %v", strings.TrimSuffix(kind, "s"), name, err)
+	}
+	validate := keyrouter.ValidateTopicID
+	if kind == "subscriptions" {
+		validate = keyrouter.ValidateSubscriptionID
+	}
+	if err := validate(parts[3]); err != nil {
+		return "", "", status.Errorf(codes.InvalidArgument, "invalid %s name %q: %v", strings.TrimSuffix(kind, "s"), name, err)
+	}
+	return parts[1], parts[3], nil
+}
+
+func parseTopic(name string) (project, topic string, err error) { return parseName(name, "topics") }
+
+func parseSubscription(name string) (project, sub string, err error) {
+	return parseName(name, "subscriptions")
+}
+
+func topicName(project, topic string) string { return "projects/" + project + "/topics/" + topic }
+
+func subscriptionName(project, sub string) string {
+	return "projects/" + project + "/subscriptions/" + sub
+}
+
+// toStatus maps an error to the status code that steers Pub/Sub clients:
+// bad input INVALID_ARGUMENT, missing NOT_FOUND, existing ALREADY_EXISTS,
+// and transient NATS trouble UNAVAILABLE, which clients retry.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, adapter.ErrTopicNotFound), errors.Is(err, adapter.ErrSubscriptionNotFound),
+		errors.Is(err, adapter.ErrTopicDeleted):
+		code = codes.NotFound
+	case errors.Is(err, adapter.ErrTopicExists), errors.Is(err, adapter.ErrSubscriptionExists):
+		code = codes.AlreadyExists
+	case errors.Is(err, adapter.ErrInvalidConfig), errors.Is(err, adapter.ErrInvalidMessage),
+		errors.Is(err, keyrouter.ErrEmptyOrderingKey), errors.Is(err, keyrouter.ErrOrderingKeyTooLong),
+		errors.Is(err, keyrouter.ErrOrderingKeyNotUTF8), errors.Is(err, keyrouter.ErrInvalidProjectID),
+		errors.Is(err, keyrouter.ErrInvalidTopicID), errors.Is(err, keyrouter.ErrInvalidSubscriptionID):
+		code = codes.InvalidArgument
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, adapter.ErrClosed), errors.Is(err, adapter.ErrFlowControlLimit),
+		errors.Is(err, adapter.ErrPublishingPaused), errors.Is(err, adapter.ErrTopicStopped),
+		errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionDraining),
+		errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrConnectionReconnecting),
+		errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		code = codes.Unavailable
+	default:
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.Code >= 500 {
+			code = codes.Unavailable
+		}
+	}
+	return status.Error(code, err.Error())
+}
+
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, args...)
+}
+
+// page cuts a sorted list of names at a page token (the last name of the
+// previous page) and a page size (0: everything).
+func page[T any](items []T, name func(T) string, size int32, token string) ([]T, string, error) {
+	if size < 0 {
+		return nil, "", invalid("page_size %d is negative", size)
+	}
+	start := 0
+	if token != "" {
+		start = len(items)
+		for i, it := range items {
+			if name(it) > token {
+				start = i
+				break
+			}
+		}
+	}
+	items = items[start:]
+	if size == 0 || int(size) >= len(items) {
+		return items, "", nil
+	}
+	return items[:size], name(items[size-1]), nil
+}
+
+var errShuttingDown = status.Error(codes.Unavailable, "the sidecar is shutting down")
+
+func (s *Server) String() string { return fmt.Sprintf("pubsubapi(%v)", s.b) }
