@@ -23,6 +23,13 @@ import (
 // already, so the sidecar adds little waiting of its own.
 const publishDelay = time.Millisecond
 
+// maxProjects bounds the adapter clients a broker keeps, so requests naming
+// ever new projects cannot grow it without limit.
+const maxProjects = 1000
+
+// ErrTooManyProjects is returned for a project beyond maxProjects.
+var ErrTooManyProjects = fmt.Errorf("more than %d projects in use", maxProjects)
+
 // Broker holds the sidecar's adapter clients and publisher handles. It is
 // safe for concurrent use.
 type Broker struct {
@@ -68,6 +75,9 @@ func (b *Broker) Client(project string) (*adapter.Client, error) {
 	if c, ok := b.clients[project]; ok {
 		return c, nil
 	}
+	if len(b.clients) >= maxProjects {
+		return nil, ErrTooManyProjects
+	}
 	c, err := adapter.NewClient(b.nc, project, b.opts...)
 	if err != nil {
 		return nil, err
@@ -104,17 +114,22 @@ func (b *Broker) Topic(project, topic string) (*adapter.Topic, error) {
 // returns their ids, or the first error; messages that failed do not keep
 // their key paused, since each request stands alone (the client pauses
 // its own key). ctx bounds the whole wait.
-func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*adapter.Message) ([]string, error) {
+func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*adapter.Message) (ids []string, err error) {
 	t, err := b.Topic(project, topic)
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if errors.Is(err, adapter.ErrTopicNotFound) {
+			b.Forget(project, topic) // no handle kept for names that name nothing
+		}
+	}()
 	start := time.Now()
 	results := make([]*adapter.PublishResult, len(msgs))
 	for i, m := range msgs {
 		results[i] = t.Publish(ctx, m)
 	}
-	ids := make([]string, len(msgs))
+	ids = make([]string, len(msgs))
 	var first error
 	var paused []string
 	for i, r := range results {

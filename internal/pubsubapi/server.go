@@ -197,6 +197,8 @@ func toStatus(err error) error {
 		errors.Is(err, keyrouter.ErrOrderingKeyNotUTF8), errors.Is(err, keyrouter.ErrInvalidProjectID),
 		errors.Is(err, keyrouter.ErrInvalidTopicID), errors.Is(err, keyrouter.ErrInvalidSubscriptionID):
 		code = codes.InvalidArgument
+	case errors.Is(err, broker.ErrTooManyProjects):
+		code = codes.ResourceExhausted
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):

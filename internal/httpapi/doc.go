@@ -1,0 +1,20 @@
+// Package httpapi is the sidecar's HTTP API: publishing in the shape of
+// Google Pub/Sub's REST API, publishing CloudEvents over the CloudEvents
+// HTTP binding, and the health and metrics endpoints.
+//
+// Routes (docs/HTTP.md has the request and response shapes):
+//
+//	POST /v1/projects/{project}/topics/{topic}:publish   Pub/Sub REST publish
+//	POST /v1/topics/{topic}:publish                      the same, in Config.DefaultProject
+//	POST /v1/projects/{project}/topics/{topic}/events    one CloudEvent, binary or structured mode
+//	POST /v1/topics/{topic}/events                       the same, in Config.DefaultProject
+//	GET  /healthz                                        200 while the process serves
+//	GET  /readyz                                         200 when Config.Ready returns nil, else 503
+//	GET  /metrics                                        Prometheus text format
+//
+// Both publish routes answer only once every message is stored, and refuse a
+// request whole when any message in it is invalid. Errors are JSON in the
+// shape of Google's REST errors:
+//
+//	{"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": "Ordering key cannot be empty"}}
+package httpapi

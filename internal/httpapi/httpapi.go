@@ -1,0 +1,448 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/cloudevents"
+	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// DefaultMaxBodyBytes bounds request bodies unless Config.MaxBodyBytes says
+// otherwise: Pub/Sub's 10 MB limit on a publish request. Single messages
+// are bounded by the adapter (the NATS server's max_payload).
+const DefaultMaxBodyBytes = 10 << 20
+
+const (
+	// publishTimeout bounds a request's wait for its messages to be
+	// stored. It is a little longer than the adapter's own bound on
+	// retries, so a message that fails for good is answered with its own
+	// error rather than with a deadline.
+	publishTimeout = adapter.DefaultPublishTimeout + 5*time.Second
+	// readyTimeout bounds a Config.Ready call.
+	readyTimeout = 5 * time.Second
+	// metricsContentType is the Prometheus text exposition format.
+	metricsContentType = "text/plain; version=0.0.4; charset=utf-8"
+)
+
+// Config configures the HTTP API.
+type Config struct {
+	// Broker publishes the messages and holds the metrics. Required.
+	Broker *broker.Broker
+	// DefaultProject is the project of the /v1/topics/... routes; when it
+	// is empty, those routes answer 404.
+	DefaultProject string
+	// Ready reports whether the sidecar can serve: /readyz answers 200 when
+	// it returns nil and 503 with its error text otherwise. Its ctx ends
+	// after 5 seconds. nil checks that the broker's NATS connection is
+	// connected.
+	Ready func(ctx context.Context) error
+	// Logger gets failed requests: server errors (5xx) at Warn, client
+	// errors at Debug, panics at Error. nil discards everything.
+	Logger *slog.Logger
+	// MaxBodyBytes bounds request bodies; a larger one is answered 413.
+	// Zero or less means DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+}
+
+type api struct {
+	b              *broker.Broker
+	defaultProject string
+	ready          func(context.Context) error
+	log            *slog.Logger
+	maxBody        int64
+	mux            *http.ServeMux
+}
+
+// New returns the HTTP API's handler (routes in the package comment). It
+// is safe for concurrent use; every publish waits until its messages are
+// stored, for at most a little over adapter.DefaultPublishTimeout, and
+// ends early when the request's context does. New panics if cfg.Broker is
+// nil.
+func New(cfg Config) http.Handler {
+	if cfg.Broker == nil {
+		panic("httpapi: Config.Broker is nil")
+	}
+	a := &api{
+		b:              cfg.Broker,
+		defaultProject: cfg.DefaultProject,
+		ready:          cfg.Ready,
+		log:            cfg.Logger,
+		maxBody:        cfg.MaxBodyBytes,
+		mux:            http.NewServeMux(),
+	}
+	if a.ready == nil {
+		a.ready = connected(a.b.Conn())
+	}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	if a.maxBody <= 0 {
+		a.maxBody = DefaultMaxBodyBytes
+	}
+	// A ServeMux wildcard is a whole path segment, so "{topic}:publish"
+	// is matched as one segment and split by topicAction. Methods are
+	// checked by the handlers, so that a wrong one gets a JSON error too.
+	a.mux.HandleFunc("/v1/projects/{project}/topics/{action}", a.inProject(a.topicAction))
+	a.mux.HandleFunc("/v1/topics/{action}", a.inDefaultProject(a.topicAction))
+	a.mux.HandleFunc("/v1/projects/{project}/topics/{topic}/events", a.inProject(a.events))
+	a.mux.HandleFunc("/v1/topics/{topic}/events", a.inDefaultProject(a.events))
+	a.mux.HandleFunc("/healthz", a.healthz)
+	a.mux.HandleFunc("/readyz", a.readyz)
+	a.mux.HandleFunc("/metrics", a.metrics)
+	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		a.fail(w, r, errorf(http.StatusNotFound, "no route for %s %s", r.Method, r.URL.Path))
+	})
+	return a
+}
+
+func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		p := recover()
+		if p == nil {
+			return
+		}
+		if p == http.ErrAbortHandler { // net/http's way to abort a response: let it through
+			panic(p)
+		}
+		a.log.Error("http handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p, "stack", string(debug.Stack()))
+		a.fail(w, r, errorf(http.StatusInternalServerError, "internal error: %v", p))
+	}()
+	a.mux.ServeHTTP(w, r)
+}
+
+type projectHandler func(w http.ResponseWriter, r *http.Request, project string)
+
+func (a *api) inProject(h projectHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) { h(w, r, r.PathValue("project")) }
+}
+
+func (a *api) inDefaultProject(h projectHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if a.defaultProject == "" {
+			a.fail(w, r, errorf(http.StatusNotFound, "no default project is configured: use /v1/projects/{project}/topics/..."))
+			return
+		}
+		h(w, r, a.defaultProject)
+	}
+}
+
+// topicAction serves topics/{topic}:{verb}; only :publish exists.
+func (a *api) topicAction(w http.ResponseWriter, r *http.Request, project string) {
+	action := r.PathValue("action")
+	i := strings.LastIndexByte(action, ':')
+	if i < 0 || action[i+1:] != "publish" {
+		a.fail(w, r, errorf(http.StatusNotFound, "no route for %s %s: a topic has the method :publish and the path /events", r.Method, r.URL.Path))
+		return
+	}
+	if !a.allow(w, r, http.MethodPost) {
+		return
+	}
+	a.publish(w, r, project, action[:i])
+}
+
+// publishRequest is Pub/Sub's PublishRequest in its REST (JSON) form.
+type publishRequest struct {
+	Messages []pubsubMessage `json:"messages"`
+}
+
+// pubsubMessage is a PubsubMessage as a publisher writes it. Pointers tell
+// an absent field from an empty one: an absent orderingKey means no key,
+// an empty one is an error.
+type pubsubMessage struct {
+	Data        *string           `json:"data"`
+	Attributes  map[string]string `json:"attributes"`
+	OrderingKey *string           `json:"orderingKey"`
+}
+
+type publishResponse struct {
+	MessageIDs []string `json:"messageIds"`
+}
+
+// maxMessagesPerRequest is Pub/Sub's limit on messages in one publish.
+const maxMessagesPerRequest = 1000
+
+func (a *api) publish(w http.ResponseWriter, r *http.Request, project, topic string) {
+	if err := validateNames(project, topic); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" && mediaType(ct) != "application/json" {
+		a.fail(w, r, errorf(http.StatusUnsupportedMediaType, "Content-Type %q is not supported: use application/json", ct))
+		return
+	}
+	body, err := a.readBody(w, r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	msgs, err := a.parsePublish(body)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	ids, err := a.send(r, project, topic, msgs)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	a.writeJSON(w, http.StatusOK, publishResponse{MessageIDs: ids})
+}
+
+// parsePublish reads and checks a whole publish request, so that a request
+// with one bad message is refused before any of it is stored.
+func (a *api) parsePublish(body []byte) ([]*adapter.Message, error) {
+	if !utf8.Valid(body) {
+		// encoding/json would turn the bad bytes into U+FFFD, changing an
+		// ordering key or attribute without a word.
+		return nil, errorf(http.StatusBadRequest, "invalid JSON: the body is not UTF-8")
+	}
+	var req publishRequest
+	if err := decodeJSON(body, &req); err != nil {
+		return nil, err
+	}
+	switch n := len(req.Messages); {
+	case n == 0:
+		return nil, errorf(http.StatusBadRequest, "messages must not be empty")
+	case n > maxMessagesPerRequest:
+		return nil, errorf(http.StatusBadRequest, "%d messages in one request, at most %d", n, maxMessagesPerRequest)
+	}
+	msgs := make([]*adapter.Message, len(req.Messages))
+	for i, pm := range req.Messages {
+		m := &adapter.Message{Attributes: pm.Attributes}
+		if pm.Data != nil {
+			data, err := decodeBase64(*pm.Data)
+			if err != nil {
+				return nil, errorf(http.StatusBadRequest, "messages[%d].data is not base64: %v", i, err)
+			}
+			m.Data = data
+		}
+		if pm.OrderingKey != nil {
+			// The key errors keep Pub/Sub's exact texts.
+			if err := keyrouter.ValidateOrderingKey(*pm.OrderingKey); err != nil {
+				return nil, badRequest(err)
+			}
+			m.OrderingKey = *pm.OrderingKey
+		}
+		if len(m.Data) == 0 && len(m.Attributes) == 0 {
+			return nil, errorf(http.StatusBadRequest, "messages[%d] is empty: a message needs data or at least one attribute", i)
+		}
+		if err := validateAttributes(m.Attributes); err != nil {
+			return nil, errorf(http.StatusBadRequest, "messages[%d]: %w", i, err)
+		}
+		if err := a.checkSize(len(m.Data)); err != nil {
+			return nil, errorf(http.StatusBadRequest, "messages[%d]: %w", i, err)
+		}
+		msgs[i] = m
+	}
+	return msgs, nil
+}
+
+type eventResponse struct {
+	MessageID string `json:"messageId"`
+}
+
+// events publishes one CloudEvent, read in binary or structured HTTP mode,
+// as a binary-mode NATS message with its partitionkey as ordering key.
+func (a *api) events(w http.ResponseWriter, r *http.Request, project string) {
+	if !a.allow(w, r, http.MethodPost) {
+		return
+	}
+	topic := r.PathValue("topic")
+	if err := validateNames(project, topic); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	hm, err := newHTTPMessage(r.Header) // before the body: 415 needs no body
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if hm.body, err = a.readBody(w, r); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	e, err := hm.toEvent()
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	key, err := partitionKey(e)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	m, err := cloudevents.Encode(*e, cloudevents.Binary)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	m.OrderingKey = key
+	if err := a.checkSize(len(m.Data)); err != nil {
+		a.fail(w, r, badRequest(err))
+		return
+	}
+	ids, err := a.send(r, project, topic, []*adapter.Message{m})
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	a.writeJSON(w, http.StatusOK, eventResponse{MessageID: ids[0]})
+}
+
+// send publishes msgs and waits until every one is stored.
+func (a *api) send(r *http.Request, project, topic string, msgs []*adapter.Message) ([]string, error) {
+	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
+	defer cancel()
+	return a.b.Publish(ctx, project, topic, msgs)
+}
+
+func (a *api) healthz(w http.ResponseWriter, r *http.Request) {
+	if !a.allow(w, r, http.MethodGet, http.MethodHead) {
+		return
+	}
+	writeText(w, http.StatusOK, "ok\n")
+}
+
+func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
+	if !a.allow(w, r, http.MethodGet, http.MethodHead) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+	defer cancel()
+	if err := a.ready(ctx); err != nil {
+		a.log.Debug("not ready", "err", err)
+		writeText(w, http.StatusServiceUnavailable, err.Error()+"\n")
+		return
+	}
+	writeText(w, http.StatusOK, "ok\n")
+}
+
+func (a *api) metrics(w http.ResponseWriter, r *http.Request) {
+	if !a.allow(w, r, http.MethodGet, http.MethodHead) {
+		return
+	}
+	w.Header().Set("Content-Type", metricsContentType)
+	if err := a.b.Metrics.Write(w); err != nil {
+		a.log.Debug("write metrics", "err", err) // the scraper went away
+	}
+}
+
+// connected is the default readiness check: the NATS connection is up.
+func connected(nc *nats.Conn) func(context.Context) error {
+	return func(context.Context) error {
+		if s := nc.Status(); s != nats.CONNECTED {
+			return fmt.Errorf("NATS connection is %s", s)
+		}
+		return nil
+	}
+}
+
+// natsDown reports whether the broker's NATS connection is not connected
+// (reconnecting, closed).
+func (a *api) natsDown() bool {
+	nc := a.b.Conn()
+	return nc != nil && !nc.IsConnected()
+}
+
+// allow answers 405 unless the request's method is one of methods.
+func (a *api) allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
+	if slices.Contains(methods, r.Method) {
+		return true
+	}
+	w.Header().Set("Allow", strings.Join(methods, ", "))
+	a.fail(w, r, errorf(http.StatusMethodNotAllowed, "method %s is not allowed on %s: use %s", r.Method, r.URL.Path, strings.Join(methods, " or ")))
+	return false
+}
+
+func validateNames(project, topic string) error {
+	if err := keyrouter.ValidateProjectID(project); err != nil {
+		return badRequest(err)
+	}
+	if err := keyrouter.ValidateTopicID(topic); err != nil {
+		return badRequest(err)
+	}
+	return nil
+}
+
+// readBody reads the whole body, up to the limit.
+func (a *api) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if r.ContentLength > a.maxBody {
+		return nil, errorf(http.StatusRequestEntityTooLarge, "request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, a.maxBody)
+	}
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, a.maxBody))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return nil, errorf(http.StatusRequestEntityTooLarge, "request body exceeds the limit of %d bytes", a.maxBody)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return nil, errorf(http.StatusBadRequest, "request body truncated: it ended before its declared length")
+	case err != nil:
+		return nil, errorf(http.StatusBadRequest, "reading the request body: %v", err)
+	}
+	return buf.Bytes(), nil
+}
+
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code    int    `json:"code"`
+	Status  string `json:"status"`
+	Message string `json:"message"`
+}
+
+// fail answers a request with err, as a Google-style JSON error.
+func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
+	code := statusOf(err)
+	if code == http.StatusInternalServerError && a.natsDown() {
+		// Some nats.go errors lose what they wrap (jetstream's "error
+		// creating async reply handler" formats a closed connection
+		// with %s), so the connection's state decides.
+		code = http.StatusServiceUnavailable
+	}
+	attrs := []any{"method", r.Method, "path", r.URL.Path, "status", code, "err", err}
+	if code >= 500 && r.Context().Err() == nil {
+		a.log.Warn("http request failed", attrs...)
+	} else {
+		a.log.Debug("http request failed", attrs...)
+	}
+	if code == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	a.writeJSON(w, code, errorBody{errorDetail{Code: code, Status: statusName(code), Message: err.Error()}})
+}
+
+func (a *api) writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(code)
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		a.log.Debug("write response", "err", err) // the client went away
+	}
+}
+
+func writeText(w http.ResponseWriter, code int, s string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = io.WriteString(w, s) // an error means the client went away
+}

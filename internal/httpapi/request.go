@@ -1,0 +1,123 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jetorder/jetorder/adapter"
+)
+
+// decodeJSON decodes one JSON value from body into v, refusing unknown
+// fields and anything after the value, with errors that say what was wrong
+// in JSON terms rather than Go ones.
+func decodeJSON(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
+			return errorf(http.StatusBadRequest, "invalid JSON: data after the request object")
+		}
+		return nil
+	}
+	var syntaxErr *json.SyntaxError
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, io.EOF):
+		return errorf(http.StatusBadRequest, "request body is empty")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return errorf(http.StatusBadRequest, "invalid JSON: unexpected end of input")
+	case errors.As(err, &syntaxErr):
+		return errorf(http.StatusBadRequest, "invalid JSON at byte %d: %s", syntaxErr.Offset, strings.TrimPrefix(syntaxErr.Error(), "json: "))
+	case errors.As(err, &typeErr):
+		field := typeErr.Field
+		if field == "" {
+			field = "the request"
+		}
+		return errorf(http.StatusBadRequest, "invalid JSON: %s must be %s, not %s", field, jsonKind(typeErr.Type), typeErr.Value)
+	}
+	// Unknown fields, among others: "json: unknown field \"x\"".
+	return errorf(http.StatusBadRequest, "invalid JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
+}
+
+// jsonKind names the JSON kind a Go type is decoded from.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "a value of another type"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "a number"
+}
+
+// decodeBase64 decodes bytes as proto3's JSON mapping accepts them:
+// standard or URL-safe base64, with or without padding.
+func decodeBase64(s string) ([]byte, error) {
+	s = strings.TrimRight(s, "=")
+	if strings.ContainsAny(s, "-_") {
+		return base64.RawURLEncoding.DecodeString(s)
+	}
+	return base64.RawStdEncoding.DecodeString(s)
+}
+
+// Google Pub/Sub's limits on attributes. The adapter enforces the same
+// ones when it publishes (adapter/message.go); they are checked here first
+// so that a request with one bad message stores none of them.
+const (
+	maxAttributes      = 100
+	maxAttrKeyBytes    = 256
+	maxAttrValueBytes  = 1024
+	googReservedPrefix = "goog"
+)
+
+func validateAttributes(attrs map[string]string) error {
+	if len(attrs) > maxAttributes {
+		return fmt.Errorf("%w: %d attributes, at most %d", adapter.ErrInvalidMessage, len(attrs), maxAttributes)
+	}
+	for k, v := range attrs {
+		switch {
+		case k == "":
+			return fmt.Errorf("%w: empty attribute key", adapter.ErrInvalidMessage)
+		case len(k) > maxAttrKeyBytes:
+			return fmt.Errorf("%w: attribute key %.32q... longer than %d bytes", adapter.ErrInvalidMessage, k, maxAttrKeyBytes)
+		case len(v) > maxAttrValueBytes:
+			return fmt.Errorf("%w: attribute %q value longer than %d bytes", adapter.ErrInvalidMessage, k, maxAttrValueBytes)
+		case !utf8.ValidString(k) || !utf8.ValidString(v):
+			return fmt.Errorf("%w: attribute %q is not valid UTF-8", adapter.ErrInvalidMessage, k)
+		case strings.HasPrefix(k, googReservedPrefix):
+			return fmt.Errorf("%w: attribute key %q: the prefix %q is reserved", adapter.ErrInvalidMessage, k, googReservedPrefix)
+		}
+	}
+	return nil
+}
+
+// headerRoom is what the adapter keeps of the server's max_payload for a
+// message's headers (adapter/topic.go).
+const headerRoom = 16 << 10
+
+// checkSize refuses data the adapter would refuse as too large, before any
+// message of the request is published.
+func (a *api) checkSize(n int) error {
+	if max := a.b.Conn().MaxPayload() - headerRoom; max > 0 && int64(n) > max {
+		return fmt.Errorf("%w: data of %d bytes exceeds the server's limit of %d", adapter.ErrInvalidMessage, n, max)
+	}
+	return nil
+}
