@@ -25,6 +25,9 @@ fuzz:
 	$(GO) test ./keyrouter -run '^$$' -fuzz FuzzKeyToken -fuzztime $(FUZZTIME)
 	$(GO) test ./didcomm -run '^$$' -fuzz FuzzReadPlaintext -fuzztime $(FUZZTIME)
 	$(GO) test ./didcomm -run '^$$' -fuzz FuzzReadHeader -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/pubsubapi -run '^$$' -fuzz FuzzParseAckID -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/httpapi -run '^$$' -fuzz FuzzReadEvent -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/httpapi -run '^$$' -fuzz FuzzDecodeJSON -fuzztime $(FUZZTIME)
 
 build:
 	$(GO) build ./...
