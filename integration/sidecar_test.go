@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -523,5 +525,65 @@ func TestSidecarRestartLosesNothing(t *testing.T) {
 		func() string { return chk.Missing("durable-sub") })
 	if v := chk.Violations(); len(v) > 0 {
 		t.Fatalf("%d violations, first: %s", len(v), v[0])
+	}
+}
+
+// After max_delivery_attempts a message moves to the dead-letter topic,
+// with the source's attributes, and its key moves on in order. The metrics
+// count what happened.
+func TestSidecarDeadLetterAndMetrics(t *testing.T) {
+	sc := startSidecar(t, sidecar.Config{})
+	c := sc.goClient()
+	mustCreateTopic(t, c, "work")
+	mustCreateTopic(t, c, "dead")
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("dead-sub"), Topic: topicPath("dead")})
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("work-sub"), Topic: topicPath("work"), EnableMessageOrdering: true, AckDeadlineSeconds: 60,
+		DeadLetterPolicy: &pb.DeadLetterPolicy{DeadLetterTopic: topicPath("dead"), MaxDeliveryAttempts: 5}})
+	got, err := c.SubscriptionAdminClient.GetSubscription(context.Background(), &pb.GetSubscriptionRequest{Subscription: subPath("work-sub")})
+	if err != nil || got.GetDeadLetterPolicy().GetMaxDeliveryAttempts() != 5 || got.GetDeadLetterPolicy().GetDeadLetterTopic() != topicPath("dead") {
+		t.Fatalf("GetSubscription = %v, %v", got, err)
+	}
+	pubc, subc := sc.rawClient()
+	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("work"), Messages: []*pb.PubsubMessage{
+		{Data: []byte("poison"), OrderingKey: "k", Attributes: map[string]string{"a": "1"}}, {Data: []byte("next"), OrderingKey: "k"}}}); err != nil {
+		t.Fatal(err)
+	}
+	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("work-sub"), StreamAckDeadlineSeconds: 60})
+	for attempt := 1; attempt <= 5; attempt++ {
+		m := rs.next()
+		if string(m.GetMessage().GetData()) != "poison" || m.GetDeliveryAttempt() != int32(attempt) {
+			t.Fatalf("delivery %d: %q attempt %d", attempt, m.GetMessage().GetData(), m.GetDeliveryAttempt())
+		}
+		if _, err := subc.ModifyAckDeadline(context.Background(), &pb.ModifyAckDeadlineRequest{Subscription: subPath("work-sub"), AckIds: []string{m.AckId}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := rs.next(); string(m.GetMessage().GetData()) != "next" || m.GetDeliveryAttempt() != 1 {
+		t.Fatalf("after 5 attempts got %q attempt %d, want next attempt 1", m.GetMessage().GetData(), m.GetDeliveryAttempt())
+	}
+	var dead *pb.ReceivedMessage
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		resp, err := subc.Pull(context.Background(), &pb.PullRequest{Subscription: subPath("dead-sub"), MaxMessages: 10})
+		if err == nil && len(resp.GetReceivedMessages()) > 0 {
+			dead = resp.GetReceivedMessages()[0]
+		}
+		return dead != nil
+	}, "nothing on the dead-letter topic")
+	attrs := dead.GetMessage().GetAttributes()
+	if string(dead.GetMessage().GetData()) != "poison" || dead.GetMessage().GetOrderingKey() != "k" || attrs["a"] != "1" ||
+		attrs["CloudPubSubDeadLetterSourceSubscription"] != subPath("work-sub") || attrs["CloudPubSubDeadLetterSourceDeliveryCount"] != "5" {
+		t.Fatalf("dead letter = %q key %q attributes %v", dead.GetMessage().GetData(), dead.GetMessage().GetOrderingKey(), attrs)
+	}
+
+	resp, err := http.Get("http://" + sc.at.HTTP + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"jetorder_nacked_total 5\n", "jetorder_redelivered_total 4\n", "jetorder_published_total 2\n", "jetorder_streaming_pull_streams 1\n", "jetorder_live_consumers "} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
 	}
 }

@@ -76,7 +76,7 @@ type Registry struct {
 	Delivered    Counter // messages handed to clients, redeliveries included
 	Redelivered  Counter // deliveries with an attempt number above 1
 	Acked        Counter
-	Nacked       Counter // nacks by clients (ModifyAckDeadline 0) and leases handed back
+	Nacked       Counter // nacks by clients (ModifyAckDeadline 0) and leases handed back at shutdown
 	Expired      Counter // leases that ran out without ack or extension
 	DIDCommGaps  Counter // DIDComm gaps opened, on subscriptions tracked by the sidecar
 
@@ -117,7 +117,7 @@ func (r *Registry) Write(w io.Writer) error {
 	counter("jetorder_delivered_total", "Messages handed to subscribers, redeliveries included.", &r.Delivered)
 	counter("jetorder_redelivered_total", "Deliveries of a message delivered before.", &r.Redelivered)
 	counter("jetorder_acked_total", "Messages acknowledged by subscribers.", &r.Acked)
-	counter("jetorder_nacked_total", "Messages handed back: nacked by subscribers or left by a closed stream.", &r.Nacked)
+	counter("jetorder_nacked_total", "Messages handed back: nacked by subscribers (ModifyAckDeadline 0) or at shutdown.", &r.Nacked)
 	counter("jetorder_lease_expired_total", "Messages whose ack deadline passed without ack or extension.", &r.Expired)
 	counter("jetorder_didcomm_gaps_total", "DIDComm sender_order gaps opened on subscriptions the sidecar tracks.", &r.DIDCommGaps)
 	gauge("jetorder_streaming_pull_streams", "Open StreamingPull streams.", float64(r.Streams.Value()))
