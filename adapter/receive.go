@@ -422,7 +422,12 @@ func (r *receiver) moveToDeadLetter(d *delivery, dl *deadLetterRecord) {
 		out.Header[name] = vals
 	}
 	t := r.deadTopic(dl)
-	_, err := t.Publish(r.hctx, out).Get(r.hctx)
+	// Wait for the outcome even when Receive is ending: a move cut short
+	// would leave the message stored on the dead-letter topic and not
+	// terminated here, to be moved again.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(r.hctx), r.c.cfg.apiTimeout+MaxPublishTimeout)
+	defer cancel()
+	_, err := t.Publish(wctx, out).Get(wctx)
 	if err != nil {
 		if out.OrderingKey != "" {
 			t.ResumePublish(out.OrderingKey)

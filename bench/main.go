@@ -6,6 +6,8 @@
 //   - the adapter at 1, 16, 256 and 4,096 keys (messages/s and the ratio to
 //     each baseline), consumers alive after the keys go idle;
 //   - publish-to-handler latency, adapter and raw, at a steady rate;
+//   - the sidecar's Pub/Sub gRPC API with Google's Go client beside the
+//     adapter, 256 keys: delivery and publish messages/s, latency p50/p99;
 //   - the DIDComm tracker in memory (1,000,000 messages over 10,000
 //     threads) and didcomm.Receive with its state in KV;
 //   - process RSS (the embedded server runs in this process too).
@@ -46,7 +48,7 @@ var (
 	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
 	rounds      = flag.Int("rounds", 3, "rounds of baselines and adapter runs (key counts over 256 run once, in an extra last round)")
 	burstKeys   = flag.Int("burst", 10_000, "keys in the new-key burst run (0 skips it)")
-	runs        = flag.String("runs", "ordered,publish,burst,latency,didcomm", "which runs to do, comma-separated")
+	runs        = flag.String("runs", "ordered,publish,burst,latency,didcomm,sidecar", "which runs to do, comma-separated")
 )
 
 const project = "bench"
@@ -158,6 +160,22 @@ func main() {
 			fmt.Printf("%-5d didcomm.Receive, 256 threads on 256 keys, %d msgs: raw %.0f msgs/s; adapter Receive %.0f (%.2fx raw); didcomm.Receive with KV state %.0f (%.2fx raw, %.2fx adapter)\n",
 				round, n(20_000), raw, plain, plain/raw, tracked, tracked/raw, tracked/plain)
 		}
+	}
+	if selected("sidecar") {
+		s := b.startSidecar()
+		fmt.Printf("%-5s %-36s %10s %10s %7s %10s %7s %7s   %10s %10s %7s\n", "round", "sidecar run (delivery, then publish)",
+			"raw1000", "library", "vs raw", "gRPC", "vs raw", "lib/gRPC", "lib pub", "gRPC pub", "lib/gRPC")
+		var dl, pl []float64
+		for round := 1; round <= *rounds; round++ {
+			lib, g, lp, gp := s.round(round, 256, n(20_000))
+			dl, pl = append(dl, lib/g), append(pl, lp/gp)
+		}
+		fmt.Printf("sidecar, 256 keys, median of %d rounds: the gRPC layer costs %.2fx in delivery [%.2f-%.2f] and %.2fx in publishing [%.2f-%.2f]\n",
+			*rounds, median(dl), slices.Min(dl), slices.Max(dl), median(pl), slices.Min(pl), slices.Max(pl))
+		lib, g := s.latency(256, 2000, 3*time.Second)
+		fmt.Printf("latency publish->handler at 2000 msg/s over 256 keys: library p50 %v p99 %v; gRPC (Go client) p50 %v p99 %v\n\n",
+			lib.p50, lib.p99, g.p50, g.p99)
+		s.stop()
 	}
 	fmt.Printf("process RSS at end: %s\n", rss())
 }

@@ -65,13 +65,15 @@ type dispatcher struct {
 // lease is one message held for a client, from the moment a stream or
 // Pull call takes it until it is acked, nacked or its deadline passes.
 type lease struct {
-	d      *dispatcher
-	msg    *adapter.Message
-	size   int
-	id     uint64      // 0 until handed to a client
-	flow   *flow       // the stream's flow control; nil for Pull
-	timer  *time.Timer // guarded by d.mu
-	result chan outcome
+	d        *dispatcher
+	msg      *adapter.Message
+	size     int
+	expireBy time.Time   // extensions stop here: the adapter's extension ends soon after
+	id       uint64      // 0 until handed to a client
+	flow     *flow       // the stream's flow control; nil for Pull
+	timer    *time.Timer // guarded by d.mu
+	gone     bool        // guarded by d.mu: the handler has handed the message back
+	result   chan outcome
 }
 
 var leaseIDs atomic.Uint64
@@ -233,7 +235,7 @@ func (d *dispatcher) endErr() error {
 // waits for the lease to end. The adapter starts the next message of the
 // key only after this returns with an ack.
 func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
-	l := &lease{d: d, msg: m, size: messageSize(m), result: make(chan outcome, 1)}
+	l := &lease{d: d, msg: m, size: messageSize(m), expireBy: time.Now().Add(maxHeldExtension - time.Minute), result: make(chan outcome, 1)}
 	d.holdKey(m.OrderingKey, 1)
 	defer d.holdKey(m.OrderingKey, -1)
 	select {
@@ -251,11 +253,21 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 		}
 	case <-ctx.Done():
 		// Receive is ending (shutdown, or the subscription is gone): the
-		// client can no longer settle the lease, so the message goes back.
-		d.drop(l)
+		// client can no longer settle the lease, so the message goes back,
+		// unless the client settled it in the meantime.
+		if !d.drop(l) {
+			if o := <-l.result; o == outAck {
+				m.Ack()
+				return
+			}
+		}
 		m.Nack()
 	}
 }
+
+// refuse hands back a message taken from ready that will not be leased
+// (the taker is ending, or handing out has stopped): its handler nacks it.
+func (d *dispatcher) refuse(l *lease) { l.result <- outNack }
 
 func (d *dispatcher) holdKey(key string, n int) {
 	if key == "" {
@@ -269,12 +281,23 @@ func (d *dispatcher) holdKey(key string, n int) {
 }
 
 // lease hands l to a client for deadline: it gets an ack id and a timer.
+// It returns nil, and the message goes back, when handing out has stopped
+// (Drain) or the handler has given the message up (Receive ending): a
+// client must never hold a message its handler no longer waits for.
 func (d *dispatcher) lease(l *lease, f *flow, deadline time.Duration) *pb.ReceivedMessage {
 	id := leaseIDs.Add(1)
+	d.mu.Lock()
+	if l.gone || d.drainSet {
+		gone := l.gone
+		d.mu.Unlock()
+		if !gone {
+			d.refuse(l)
+		}
+		return nil
+	}
 	if f != nil {
 		f.take(l.size)
 	}
-	d.mu.Lock()
 	l.id, l.flow = id, f
 	d.leases[id] = l
 	l.timer = time.AfterFunc(deadline, func() { d.settle(id, outExpired) })
@@ -325,21 +348,29 @@ func (d *dispatcher) settle(id uint64, o outcome) bool {
 	return true
 }
 
-// extend moves the deadline of lease id to now+deadline.
+// extend moves the deadline of lease id to now+deadline, but not past the
+// lease's expireBy.
 func (d *dispatcher) extend(id uint64, deadline time.Duration) {
 	d.mu.Lock()
 	if l := d.leases[id]; l != nil {
-		l.timer.Reset(deadline)
+		l.timer.Reset(min(deadline, time.Until(l.expireBy)))
 	}
 	d.mu.Unlock()
 }
 
-// drop forgets a lease whose message its handler hands back itself.
-func (d *dispatcher) drop(l *lease) {
+// drop forgets a lease whose message its handler hands back itself. It
+// returns false when the lease was settled already: its outcome is in
+// l.result.
+func (d *dispatcher) drop(l *lease) bool {
 	d.mu.Lock()
-	if l.id == 0 || d.leases[l.id] != l {
+	if l.id == 0 {
+		l.gone = true // a taker that has it must not lease it now
 		d.mu.Unlock()
-		return
+		return true
+	}
+	if d.leases[l.id] != l {
+		d.mu.Unlock()
+		return false
 	}
 	delete(d.leases, l.id)
 	l.timer.Stop()
@@ -350,6 +381,7 @@ func (d *dispatcher) drop(l *lease) {
 	}
 	d.s.b.Metrics.Outstanding.Add(-1)
 	d.s.b.Metrics.Nacked.Inc()
+	return true
 }
 
 // messageProto is the Pub/Sub form of a delivered message. Headers written
@@ -461,12 +493,15 @@ func (f *flow) room() bool {
 	return (f.maxMsgs <= 0 || f.msgs < f.maxMsgs) && (f.maxBytes <= 0 || f.bytes < f.maxBytes)
 }
 
-// wait returns when there is room for one more message, or done closes.
-func (f *flow) wait(done <-chan struct{}) bool {
+// wait returns true when there is room for one more message, false when
+// stop or ended closes first.
+func (f *flow) wait(stop, ended <-chan struct{}) bool {
 	for !f.room() {
 		select {
 		case <-f.wake:
-		case <-done:
+		case <-stop:
+			return false
+		case <-ended:
 			return false
 		}
 	}

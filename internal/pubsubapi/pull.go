@@ -31,6 +31,9 @@ const (
 func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 	ctx := stream.Context()
 	first, err := stream.Recv()
+	if errors.Is(err, io.EOF) {
+		return nil // the client closed without asking for anything
+	}
 	if err != nil {
 		return err
 	}
@@ -64,6 +67,7 @@ func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 	if err := st.send(nil); err != nil {
 		return err
 	}
+	defer st.end()
 	ended := make(chan error, 1)
 	go func() { ended <- st.receive() }()
 	return st.run(ctx, ended)
@@ -101,6 +105,22 @@ type pullStream struct {
 	flow     *flow
 	deadline atomic.Int64 // stream ack deadline, ns; 0: the subscription's
 	sendMu   sync.Mutex   // gRPC allows one sender at a time
+	ended    bool         // guarded by sendMu: StreamingPull has returned
+}
+
+func (st *pullStream) end() {
+	st.sendMu.Lock()
+	st.ended = true
+	st.sendMu.Unlock()
+}
+
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // run hands messages to the client until the stream or the dispatcher
@@ -119,7 +139,7 @@ func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
 		close(stop)
 	}()
 	for {
-		if !st.flow.wait(stop) {
+		if !st.flow.wait(stop, d.done) {
 			break
 		}
 		var l *lease
@@ -127,13 +147,11 @@ func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
 		case l = <-d.ready:
 		case <-stop:
 		case <-d.done:
-			return d.endErr()
 		case <-d.draining:
-			select { // hand out nothing more; leases can still be settled
-			case <-stop:
-			case <-d.done:
-				return d.endErr()
-			}
+		}
+		if l != nil && closed(stop) {
+			d.refuse(l) // the client is gone: do not lease what it cannot get
+			l = nil
 		}
 		if l == nil {
 			break
@@ -142,17 +160,23 @@ func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
 		if deadline == 0 {
 			deadline = d.ackDeadline
 		}
-		batch := []*pb.ReceivedMessage{d.lease(l, st.flow, deadline)}
-		bytes := l.size
-	more:
-		for len(batch) < maxBatchMessages && bytes < maxBatchBytes && st.flow.room() {
-			select {
-			case l = <-d.ready:
-				batch = append(batch, d.lease(l, st.flow, deadline))
+		var batch []*pb.ReceivedMessage
+		bytes := 0
+		for l != nil {
+			if rm := d.lease(l, st.flow, deadline); rm != nil { // nil: handing out has stopped
+				batch = append(batch, rm)
 				bytes += l.size
-			default:
-				break more
 			}
+			l = nil
+			if len(batch) < maxBatchMessages && bytes < maxBatchBytes && st.flow.room() {
+				select {
+				case l = <-d.ready:
+				default:
+				}
+			}
+		}
+		if len(batch) == 0 {
+			continue // draining: the next select ends on stop or done
 		}
 		if err := st.send(batch); err != nil {
 			// The client may not have them: hand them back now.
@@ -164,7 +188,11 @@ func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
 			return err
 		}
 	}
-	<-stop
+	select {
+	case <-stop:
+	case <-d.done:
+		return d.endErr()
+	}
 	if errors.Is(endErr, io.EOF) {
 		return nil // the client closed its side: a clean end
 	}
@@ -234,6 +262,9 @@ func (st *pullStream) apply(req *pb.StreamingPullRequest) error {
 func (st *pullStream) send(batch []*pb.ReceivedMessage) error {
 	st.sendMu.Lock()
 	defer st.sendMu.Unlock()
+	if st.ended {
+		return io.ErrClosedPipe // the RPC has returned: the stream is not ours to use
+	}
 	return st.stream.Send(&pb.StreamingPullResponse{
 		ReceivedMessages:       batch,
 		SubscriptionProperties: &pb.StreamingPullResponse_SubscriptionProperties{MessageOrderingEnabled: st.d.ordering},
@@ -283,19 +314,25 @@ func (s *Server) Pull(ctx context.Context, req *pb.PullRequest) (*pb.PullRespons
 	case <-ctx.Done():
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
+	if ctx.Err() != nil {
+		d.refuse(l) // the caller is gone: do not lease what it cannot get
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	bytes := 0
-	for {
-		resp.ReceivedMessages = append(resp.ReceivedMessages, d.lease(l, nil, d.ackDeadline))
-		bytes += l.size
-		if len(resp.ReceivedMessages) >= int(min(req.GetMaxMessages(), maxBatchMessages)) || bytes >= maxBatchBytes {
-			return resp, nil
+	for l != nil {
+		if rm := d.lease(l, nil, d.ackDeadline); rm != nil {
+			resp.ReceivedMessages = append(resp.ReceivedMessages, rm)
+			bytes += l.size
 		}
-		select {
-		case l = <-d.ready:
-		default:
-			return resp, nil
+		l = nil
+		if len(resp.ReceivedMessages) < int(min(req.GetMaxMessages(), maxBatchMessages)) && bytes < maxBatchBytes {
+			select {
+			case l = <-d.ready:
+			default:
+			}
 		}
 	}
+	return resp, nil
 }
 
 // Acknowledge acks messages. Ack ids of leases that have ended are
