@@ -222,7 +222,11 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 	opts := []nats.Option{
 		nats.Name("jetorder-sidecar"),
 		nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: our own close at shutdown
+				log.Warn("NATS disconnected", "err", err)
+			}
+		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
 	}
 	if cfg.NATSURL == "" {
