@@ -327,36 +327,53 @@ func (t *Topic) publishError(err error) error {
 	return fmt.Errorf("publish to %s: %w", t, err)
 }
 
-// encode validates msg and turns it into a NATS message on the right
-// subject; the publisher adds the identity headers when it queues it.
-func (t *Topic) encode(msg *Message) (*nats.Msg, error) {
+// Validate checks msg as Publish does before queueing it, without
+// publishing: layers that take several messages in one request check them
+// all first, so that a request with one bad message stores none.
+func (t *Topic) Validate(msg *Message) error {
+	_, err := t.validate(msg)
+	return err
+}
+
+// validate checks msg and returns its subject.
+func (t *Topic) validate(msg *Message) (string, error) {
 	if msg == nil {
-		return nil, fmt.Errorf("%w: nil message", ErrInvalidMessage)
+		return "", fmt.Errorf("%w: nil message", ErrInvalidMessage)
 	}
 	if err := keyrouter.ValidateTopicID(t.id); err != nil {
-		return nil, err
+		return "", err
 	}
 	if err := keyrouter.ValidateProjectID(t.project); err != nil {
-		return nil, err
+		return "", err
 	}
 	subject := keyrouter.UnkeyedSubject(t.project, t.id)
 	if msg.OrderingKey != "" {
 		if err := keyrouter.ValidateOrderingKey(msg.OrderingKey); err != nil {
-			return nil, err
+			return "", err
 		}
 		subject = keyrouter.KeyedSubject(t.project, t.id, msg.OrderingKey)
 	}
 	if err := validateAttributes(msg.Attributes); err != nil {
-		return nil, err
+		return "", err
 	}
 	if err := validateMetadata(msg); err != nil {
-		return nil, err
+		return "", err
 	}
 	if err := validateHeader(msg.Header); err != nil {
-		return nil, err
+		return "", err
 	}
 	if max := t.c.nc.MaxPayload(); max > 0 && int64(len(msg.Data)) > max-16*1024 {
-		return nil, fmt.Errorf("%w: data of %d bytes exceeds the server's limit of %d", ErrInvalidMessage, len(msg.Data), max-16*1024)
+		return "", fmt.Errorf("%w: data of %d bytes exceeds the server's limit of %d", ErrInvalidMessage, len(msg.Data), max-16*1024)
+	}
+	return subject, nil
+}
+
+// encode validates msg and turns it into a NATS message on the right
+// subject; the publisher adds the identity headers when it queues it.
+func (t *Topic) encode(msg *Message) (*nats.Msg, error) {
+	subject, err := t.validate(msg)
+	if err != nil {
+		return nil, err
 	}
 	created := msg.CreateTime
 	if created.IsZero() {

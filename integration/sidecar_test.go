@@ -405,10 +405,11 @@ func TestSidecarBadRequests(t *testing.T) {
 			_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("bad"), Messages: []*pb.PubsubMessage{{Data: make([]byte, 9<<20)}}})
 			return err
 		}, codes.InvalidArgument, "invalid message"},
-		{"reserved attribute", func() error {
-			_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("bad"), Messages: []*pb.PubsubMessage{{Data: []byte("x"), Attributes: map[string]string{"googx": "1"}}}})
+		{"reserved attribute after a good message", func() error {
+			_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("bad"), Messages: []*pb.PubsubMessage{
+				{Data: []byte("good"), OrderingKey: "k"}, {Data: []byte("x"), Attributes: map[string]string{"googx": "1"}}}})
 			return err
-		}, codes.InvalidArgument, "reserved"},
+		}, codes.InvalidArgument, "messages[1]: invalid message: attribute key \"googx\": the prefix \"goog\" is reserved"},
 		{"subscription name", func() error {
 			_, err := subc.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: "projects/p/topics/t"})
 			return err

@@ -111,9 +111,11 @@ func (b *Broker) Topic(project, topic string) (*adapter.Topic, error) {
 }
 
 // Publish publishes msgs to a topic and waits until each is stored. It
-// returns their ids, or the first error; messages that failed do not keep
-// their key paused, since each request stands alone (the client pauses
-// its own key). ctx bounds the whole wait.
+// checks every message first: a request with one invalid message stores
+// none (the error names it as messages[i]). It returns the ids, or the
+// first error; messages that failed do not keep their key paused, since
+// each request stands alone (the client pauses its own key). ctx bounds
+// the whole wait.
 func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*adapter.Message) (ids []string, err error) {
 	t, err := b.Topic(project, topic)
 	if err != nil {
@@ -124,6 +126,11 @@ func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*ada
 			b.Forget(project, topic) // no handle kept for names that name nothing
 		}
 	}()
+	for i, m := range msgs {
+		if err := t.Validate(m); err != nil {
+			return nil, fmt.Errorf("messages[%d]: %w", i, err)
+		}
+	}
 	start := time.Now()
 	results := make([]*adapter.PublishResult, len(msgs))
 	for i, m := range msgs {

@@ -204,8 +204,9 @@ func (a *api) publish(w http.ResponseWriter, r *http.Request, project, topic str
 	a.writeJSON(w, http.StatusOK, publishResponse{MessageIDs: ids})
 }
 
-// parsePublish reads and checks a whole publish request, so that a request
-// with one bad message is refused before any of it is stored.
+// parsePublish reads a publish request and checks what only JSON can get
+// wrong; the broker checks every message against the adapter's rules
+// before it stores any.
 func (a *api) parsePublish(body []byte) ([]*adapter.Message, error) {
 	if !utf8.Valid(body) {
 		// encoding/json would turn the bad bytes into U+FFFD, changing an
@@ -241,12 +242,6 @@ func (a *api) parsePublish(body []byte) ([]*adapter.Message, error) {
 		}
 		if len(m.Data) == 0 && len(m.Attributes) == 0 {
 			return nil, errorf(http.StatusBadRequest, "messages[%d] is empty: a message needs data or at least one attribute", i)
-		}
-		if err := validateAttributes(m.Attributes); err != nil {
-			return nil, errorf(http.StatusBadRequest, "messages[%d]: %w", i, err)
-		}
-		if err := a.checkSize(len(m.Data)); err != nil {
-			return nil, errorf(http.StatusBadRequest, "messages[%d]: %w", i, err)
 		}
 		msgs[i] = m
 	}
@@ -293,10 +288,6 @@ func (a *api) events(w http.ResponseWriter, r *http.Request, project string) {
 		return
 	}
 	m.OrderingKey = key
-	if err := a.checkSize(len(m.Data)); err != nil {
-		a.fail(w, r, badRequest(err))
-		return
-	}
 	ids, err := a.send(r, project, topic, []*adapter.Message{m})
 	if err != nil {
 		a.fail(w, r, err)

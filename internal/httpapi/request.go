@@ -5,14 +5,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"reflect"
 	"strings"
-	"unicode/utf8"
-
-	"github.com/jetorder/jetorder/adapter"
 )
 
 // decodeJSON decodes one JSON value from body into v, refusing unknown
@@ -76,48 +72,4 @@ func decodeBase64(s string) ([]byte, error) {
 		return base64.RawURLEncoding.DecodeString(s)
 	}
 	return base64.RawStdEncoding.DecodeString(s)
-}
-
-// Google Pub/Sub's limits on attributes. The adapter enforces the same
-// ones when it publishes (adapter/message.go); they are checked here first
-// so that a request with one bad message stores none of them.
-const (
-	maxAttributes      = 100
-	maxAttrKeyBytes    = 256
-	maxAttrValueBytes  = 1024
-	googReservedPrefix = "goog"
-)
-
-func validateAttributes(attrs map[string]string) error {
-	if len(attrs) > maxAttributes {
-		return fmt.Errorf("%w: %d attributes, at most %d", adapter.ErrInvalidMessage, len(attrs), maxAttributes)
-	}
-	for k, v := range attrs {
-		switch {
-		case k == "":
-			return fmt.Errorf("%w: empty attribute key", adapter.ErrInvalidMessage)
-		case len(k) > maxAttrKeyBytes:
-			return fmt.Errorf("%w: attribute key %.32q... longer than %d bytes", adapter.ErrInvalidMessage, k, maxAttrKeyBytes)
-		case len(v) > maxAttrValueBytes:
-			return fmt.Errorf("%w: attribute %q value longer than %d bytes", adapter.ErrInvalidMessage, k, maxAttrValueBytes)
-		case !utf8.ValidString(k) || !utf8.ValidString(v):
-			return fmt.Errorf("%w: attribute %q is not valid UTF-8", adapter.ErrInvalidMessage, k)
-		case strings.HasPrefix(k, googReservedPrefix):
-			return fmt.Errorf("%w: attribute key %q: the prefix %q is reserved", adapter.ErrInvalidMessage, k, googReservedPrefix)
-		}
-	}
-	return nil
-}
-
-// headerRoom is what the adapter keeps of the server's max_payload for a
-// message's headers (adapter/topic.go).
-const headerRoom = 16 << 10
-
-// checkSize refuses data the adapter would refuse as too large, before any
-// message of the request is published.
-func (a *api) checkSize(n int) error {
-	if max := a.b.Conn().MaxPayload() - headerRoom; max > 0 && int64(n) > max {
-		return fmt.Errorf("%w: data of %d bytes exceeds the server's limit of %d", adapter.ErrInvalidMessage, n, max)
-	}
-	return nil
 }

@@ -50,6 +50,7 @@ type dispatcher struct {
 	ready    chan *lease
 	cancel   context.CancelFunc
 	draining chan struct{} // closed when no new message may be handed out
+	drained  chan struct{} // closed when draining and no lease is out
 	done     chan struct{} // closed when Receive has ended
 	err      error         // why Receive ended; set before done closes
 
@@ -60,6 +61,7 @@ type dispatcher struct {
 	idle     *time.Timer
 	stopped  bool
 	drainSet bool
+	drainEnd bool // drained is closed
 }
 
 // lease is one message held for a client, from the moment a stream or
@@ -102,9 +104,9 @@ func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, e
 			return nil, toStatus(ctx.Err())
 		}
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	sub := c.Subscription(id)
 	cfg, err := sub.Config(ctx)
@@ -123,7 +125,7 @@ func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, e
 	d := &dispatcher{
 		s: s, name: name, ordering: cfg.EnableMessageOrdering, ackDeadline: cfg.AckDeadline,
 		ready: make(chan *lease), cancel: cancel,
-		draining: make(chan struct{}), done: make(chan struct{}),
+		draining: make(chan struct{}), drained: make(chan struct{}), done: make(chan struct{}),
 		leases: make(map[uint64]*lease), keys: make(map[string]int), attached: 1,
 	}
 	s.dispatchers[name] = d
@@ -160,8 +162,12 @@ func (d *dispatcher) detach() {
 }
 
 // checkIdle arms the idle stop when nothing is attached and no lease is
-// out. d.mu is held.
+// out, and tells Drain when the last lease is settled. d.mu is held.
 func (d *dispatcher) checkIdle() {
+	if d.drainSet && !d.drainEnd && len(d.leases) == 0 {
+		d.drainEnd = true
+		close(d.drained)
+	}
 	if d.attached > 0 || len(d.leases) > 0 || d.stopped {
 		return
 	}
@@ -192,6 +198,7 @@ func (d *dispatcher) drain() {
 	if !d.drainSet {
 		d.drainSet = true
 		close(d.draining)
+		d.checkIdle()
 	}
 	d.mu.Unlock()
 }

@@ -8,7 +8,6 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/jetorder/jetorder/adapter"
-	"github.com/jetorder/jetorder/keyrouter"
 )
 
 // maxPublishRequestBytes is Pub/Sub's limit on one Publish request.
@@ -31,9 +30,9 @@ func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error
 	if t.GetSchemaSettings() != nil || t.GetIngestionDataSourceSettings() != nil || len(t.GetMessageTransforms()) > 0 {
 		return nil, invalid("topic %s: schemas, ingestion and message transforms are not supported", t.GetName())
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if _, err := c.CreateTopicWithConfig(ctx, id, cfg); err != nil {
 		return nil, toStatus(err)
@@ -55,9 +54,9 @@ func (s *Server) GetTopic(ctx context.Context, req *pb.GetTopicRequest) (*pb.Top
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	cfg, err := c.Topic(id).Config(ctx)
 	if err != nil {
@@ -72,9 +71,9 @@ func (s *Server) ListTopics(ctx context.Context, req *pb.ListTopicsRequest) (*pb
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	topics, err := c.Topics(ctx)
 	if err != nil {
@@ -102,9 +101,9 @@ func (s *Server) ListTopicSubscriptions(ctx context.Context, req *pb.ListTopicSu
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if ok, err := c.Topic(id).Exists(ctx); err != nil || !ok {
 		if err == nil {
@@ -138,9 +137,9 @@ func (s *Server) DeleteTopic(ctx context.Context, req *pb.DeleteTopicRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if err := c.Topic(id).Delete(ctx); err != nil {
 		return nil, toStatus(err)
@@ -150,7 +149,8 @@ func (s *Server) DeleteTopic(ctx context.Context, req *pb.DeleteTopicRequest) (*
 }
 
 // Publish stores every message of the request, in order, and returns their
-// ids; when any fails, the request fails (the client retries it, and the
+// ids. An invalid message fails the request before any is stored; when a
+// publish fails, the request fails (the client retries it, and the
 // messages already stored are stored once, by their ids).
 func (s *Server) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.PublishResponse, error) {
 	project, id, err := parseTopic(req.GetTopic())
@@ -172,11 +172,6 @@ func (s *Server) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		}
 		if len(m.GetData()) == 0 && len(m.GetAttributes()) == 0 {
 			return nil, invalid("publish to %s: message %d has neither data nor attributes", req.GetTopic(), i)
-		}
-		if k := m.GetOrderingKey(); k != "" {
-			if err := keyrouter.ValidateOrderingKey(k); err != nil {
-				return nil, invalid("publish to %s: message %d: %v", req.GetTopic(), i, err)
-			}
 		}
 		msgs[i] = &adapter.Message{Data: m.GetData(), Attributes: m.GetAttributes(), OrderingKey: m.GetOrderingKey()}
 	}

@@ -160,30 +160,13 @@ func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
 		if deadline == 0 {
 			deadline = d.ackDeadline
 		}
-		var batch []*pb.ReceivedMessage
-		bytes := 0
-		for l != nil {
-			if rm := d.lease(l, st.flow, deadline); rm != nil { // nil: handing out has stopped
-				batch = append(batch, rm)
-				bytes += l.size
-			}
-			l = nil
-			if len(batch) < maxBatchMessages && bytes < maxBatchBytes && st.flow.room() {
-				select {
-				case l = <-d.ready:
-				default:
-				}
-			}
-		}
+		batch, leased := d.leaseBatch(l, st.flow, deadline, maxBatchMessages)
 		if len(batch) == 0 {
 			continue // draining: the next select ends on stop or done
 		}
 		if err := st.send(batch); err != nil {
-			// The client may not have them: hand them back now.
-			for _, m := range batch {
-				if id, err := st.s.parseAckID(d.name, m.AckId); err == nil {
-					d.settle(id, outNack)
-				}
+			for _, id := range leased { // the client may not have them: hand them back now
+				d.settle(id, outNack)
 			}
 			return err
 		}
@@ -318,44 +301,40 @@ func (s *Server) Pull(ctx context.Context, req *pb.PullRequest) (*pb.PullRespons
 		d.refuse(l) // the caller is gone: do not lease what it cannot get
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
+	resp.ReceivedMessages, _ = d.leaseBatch(l, nil, d.ackDeadline, int(min(req.GetMaxMessages(), maxBatchMessages)))
+	return resp, nil
+}
+
+// leaseBatch leases l and whatever else is ready at once, up to max
+// messages, maxBatchBytes and the flow's room, and returns them with their
+// lease ids. Messages lease refuses (handing out has stopped) are left out.
+func (d *dispatcher) leaseBatch(l *lease, f *flow, deadline time.Duration, max int) ([]*pb.ReceivedMessage, []uint64) {
+	var batch []*pb.ReceivedMessage
+	var ids []uint64
 	bytes := 0
 	for l != nil {
-		if rm := d.lease(l, nil, d.ackDeadline); rm != nil {
-			resp.ReceivedMessages = append(resp.ReceivedMessages, rm)
+		if rm := d.lease(l, f, deadline); rm != nil {
+			batch, ids = append(batch, rm), append(ids, l.id)
 			bytes += l.size
 		}
 		l = nil
-		if len(resp.ReceivedMessages) < int(min(req.GetMaxMessages(), maxBatchMessages)) && bytes < maxBatchBytes {
+		if len(batch) < max && bytes < maxBatchBytes && (f == nil || f.room()) {
 			select {
 			case l = <-d.ready:
 			default:
 			}
 		}
 	}
-	return resp, nil
+	return batch, ids
 }
 
 // Acknowledge acks messages. Ack ids of leases that have ended are
 // ignored, as in Pub/Sub; an ack id this sidecar did not issue for the
 // subscription fails the request, and none of its ack ids is used.
 func (s *Server) Acknowledge(ctx context.Context, req *pb.AcknowledgeRequest) (*emptypb.Empty, error) {
-	project, id, err := parseSubscription(req.GetSubscription())
+	err := s.forLeases(ctx, req.GetSubscription(), req.GetAckIds(), func(d *dispatcher, id uint64) { d.settle(id, outAck) })
 	if err != nil {
 		return nil, err
-	}
-	if len(req.GetAckIds()) == 0 {
-		return nil, invalid("acknowledge %s: no ack ids", req.GetSubscription())
-	}
-	ids, err := s.parseAckIDs(req.GetSubscription(), req.GetAckIds())
-	if err != nil {
-		return nil, err
-	}
-	d, err := s.running(ctx, project, id)
-	if d == nil {
-		return &emptypb.Empty{}, err
-	}
-	for _, lid := range ids {
-		d.settle(lid, outAck)
 	}
 	return &emptypb.Empty{}, nil
 }
@@ -364,83 +343,67 @@ func (s *Server) Acknowledge(ctx context.Context, req *pb.AcknowledgeRequest) (*
 // nacks them for 0: they are redelivered at once, before anything later of
 // their ordering keys.
 func (s *Server) ModifyAckDeadline(ctx context.Context, req *pb.ModifyAckDeadlineRequest) (*emptypb.Empty, error) {
-	project, id, err := parseSubscription(req.GetSubscription())
-	if err != nil {
-		return nil, err
-	}
 	secs := req.GetAckDeadlineSeconds()
 	if secs < 0 || secs > maxAckDeadlineSeconds {
 		return nil, invalid("ack_deadline_seconds %d not in 0..%d", secs, maxAckDeadlineSeconds)
 	}
-	if len(req.GetAckIds()) == 0 {
-		return nil, invalid("modify ack deadline of %s: no ack ids", req.GetSubscription())
-	}
-	ids, err := s.parseAckIDs(req.GetSubscription(), req.GetAckIds())
+	err := s.forLeases(ctx, req.GetSubscription(), req.GetAckIds(), func(d *dispatcher, id uint64) { d.modify(id, secs) })
 	if err != nil {
 		return nil, err
-	}
-	d, err := s.running(ctx, project, id)
-	if d == nil {
-		return &emptypb.Empty{}, err
-	}
-	for _, lid := range ids {
-		d.modify(lid, secs)
 	}
 	return &emptypb.Empty{}, nil
 }
 
-// running returns the subscription's dispatcher. Without one no lease of
-// it is out: it returns nil, with NOT_FOUND if the subscription does not
-// exist.
-func (s *Server) running(ctx context.Context, project, id string) (*dispatcher, error) {
+// forLeases checks every ack id, then calls f for each lease. Without a
+// running dispatcher no lease of the subscription is out, and there is
+// nothing to do, unless the subscription does not exist: NOT_FOUND.
+func (s *Server) forLeases(ctx context.Context, sub string, ackIDs []string, f func(d *dispatcher, id uint64)) error {
+	project, id, err := parseSubscription(sub)
+	if err != nil {
+		return err
+	}
+	if len(ackIDs) == 0 {
+		return invalid("%s: no ack ids", sub)
+	}
+	ids, err := s.parseAckIDs(sub, ackIDs)
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
-	d := s.dispatchers[subscriptionName(project, id)]
+	d := s.dispatchers[sub]
 	s.mu.Unlock()
-	if d != nil {
-		return d, nil
+	if d == nil {
+		c, err := s.client(project)
+		if err != nil {
+			return err
+		}
+		ok, err := c.Subscription(id).Exists(ctx)
+		if err != nil {
+			return toStatus(err)
+		}
+		if !ok {
+			return status.Errorf(codes.NotFound, "subscription %s not found", sub)
+		}
+		return nil
 	}
-	c, err := s.b.Client(project)
-	if err != nil {
-		return nil, toStatus(err)
+	for _, lid := range ids {
+		f(d, lid)
 	}
-	ok, err := c.Subscription(id).Exists(ctx)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if !ok {
-		return nil, status.Errorf(codes.NotFound, "subscription %s not found", subscriptionName(project, id))
-	}
-	return nil, nil
+	return nil
 }
 
 // Drain stops handing out messages and waits, until ctx ends, for the
 // leases out to be settled; then Close hands back the rest.
 func (s *Server) Drain(ctx context.Context) {
-	s.mu.Lock()
-	s.closed = true
-	ds := make([]*dispatcher, 0, len(s.dispatchers))
-	for _, d := range s.dispatchers {
-		ds = append(ds, d)
-	}
-	s.mu.Unlock()
+	ds := s.shut()
 	for _, d := range ds {
 		d.drain()
 	}
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
 	for _, d := range ds {
-		for {
-			d.mu.Lock()
-			n := len(d.leases)
-			d.mu.Unlock()
-			if n == 0 {
-				break
-			}
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				return
-			}
+		select {
+		case <-d.drained:
+		case <-ctx.Done():
+			return
 		}
 	}
 }

@@ -102,33 +102,45 @@ func (s *Server) Register(g *grpc.Server) {
 // back at once, leases still out are handed back too (they are redelivered
 // to whoever receives next), and Close waits for the Receive calls to end.
 func (s *Server) Close() {
-	s.mu.Lock()
-	s.closed = true
-	ds := make([]*dispatcher, 0, len(s.dispatchers))
-	for _, d := range s.dispatchers {
-		ds = append(ds, d)
-	}
-	s.mu.Unlock()
-	for _, d := range ds {
+	for _, d := range s.shut() {
 		d.stop()
 	}
 	s.wg.Wait()
 }
 
-func (s *Server) activeKeys() int {
+// shut refuses new attachments and returns the running dispatchers.
+func (s *Server) shut() []*dispatcher {
 	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return s.dispatcherList()
+}
+
+// dispatcherList returns the dispatchers running now.
+func (s *Server) dispatcherList() []*dispatcher {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	ds := make([]*dispatcher, 0, len(s.dispatchers))
 	for _, d := range s.dispatchers {
 		ds = append(ds, d)
 	}
-	s.mu.Unlock()
+	return ds
+}
+
+func (s *Server) activeKeys() int {
 	n := 0
-	for _, d := range ds {
+	for _, d := range s.dispatcherList() {
 		d.mu.Lock()
 		n += len(d.keys)
 		d.mu.Unlock()
 	}
 	return n
+}
+
+// client is the broker's adapter client of project, errors as statuses.
+func (s *Server) client(project string) (*adapter.Client, error) {
+	c, err := s.b.Client(project)
+	return c, toStatus(err)
 }
 
 // Resource names.

@@ -40,13 +40,13 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 	if secs < 0 || secs > 600 {
 		return nil, invalid("subscription %s: ack_deadline_seconds %d not in 0..600", sub.GetName(), secs)
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	tc, err := s.b.Client(topicProject)
+	tc, err := s.client(topicProject)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	cfg := adapter.SubscriptionConfig{
 		Topic:                 tc.Topic(topicID),
@@ -74,9 +74,9 @@ func (s *Server) deadLetterPolicy(p *pb.DeadLetterPolicy) (*adapter.DeadLetterPo
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &adapter.DeadLetterPolicy{Topic: c.Topic(id), MaxDeliveryAttempts: int(p.GetMaxDeliveryAttempts())}, nil
 }
@@ -106,9 +106,9 @@ func (s *Server) GetSubscription(ctx context.Context, req *pb.GetSubscriptionReq
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return s.subscriptionProto(ctx, c.Subscription(id))
 }
@@ -145,9 +145,9 @@ func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscript
 			return nil, invalid("update %s: updating %q is not supported (labels and dead_letter_policy are)", req.GetSubscription().GetName(), p)
 		}
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	sub := c.Subscription(id)
 	if _, err := sub.Update(ctx, u); err != nil {
@@ -162,9 +162,9 @@ func (s *Server) ListSubscriptions(ctx context.Context, req *pb.ListSubscription
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	subs, err := c.Subscriptions(ctx)
 	if err != nil {
@@ -192,9 +192,9 @@ func (s *Server) DeleteSubscription(ctx context.Context, req *pb.DeleteSubscript
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.b.Client(project)
+	c, err := s.client(project)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if err := c.Subscription(id).Delete(ctx); err != nil {
 		return nil, toStatus(err)
