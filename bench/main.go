@@ -355,19 +355,12 @@ func (b *bench) burst(keys int) {
 // the adapter writes; and the adapter's Publish of the same messages with
 // the same keys (every result awaited).
 func (b *bench) publish(keys, msgs int) (raw, rawHeaders, ad float64) {
-	ctx := context.Background()
 	payload := make([]byte, *payloadSize)
 	keyNames := make([]string, keys)
 	for k := range keyNames {
 		keyNames[k] = "key-" + strconv.Itoa(k)
 	}
-	timed := func(run func(topicID string, topic *adapter.Topic)) float64 {
-		topicID, topic, _, cleanup := b.orderedTopic("pub")
-		defer cleanup()
-		start := time.Now()
-		run(topicID, topic)
-		return float64(msgs) / time.Since(start).Seconds()
-	}
+	timed := func(run func(topicID string, topic *adapter.Topic)) float64 { return b.timedPublish(msgs, run) }
 	raw = timed(func(topicID string, _ *adapter.Topic) {
 		b.fill(func(i int) string { return keyrouter.KeyedSubject(project, topicID, keyNames[i%keys]) },
 			func(i int) nats.Header { return nats.Header{"Jetorder-Ordering-Key": {keyNames[i%keys]}} }, msgs)
@@ -384,17 +377,31 @@ func (b *bench) publish(keys, msgs int) (raw, rawHeaders, ad float64) {
 					"Jetorder-Create-Time": {now}, "Jetorder-Send-Time": {now}}
 			}, msgs)
 	})
-	ad = timed(func(_ string, topic *adapter.Topic) {
-		results := make([]*adapter.PublishResult, 0, msgs)
-		for i := 0; i < msgs; i++ {
-			results = append(results, topic.Publish(ctx, &adapter.Message{Data: payload, OrderingKey: keyNames[i%keys]}))
-		}
-		for _, r := range results {
-			_, err := r.Get(ctx)
-			check(err)
-		}
-	})
+	ad = timed(func(_ string, topic *adapter.Topic) { adapterPublish(topic, keyNames, msgs, payload) })
 	return raw, rawHeaders, ad
+}
+
+// timedPublish runs run on a new topic and returns msgs over its time.
+func (b *bench) timedPublish(msgs int, run func(topicID string, topic *adapter.Topic)) float64 {
+	topicID, topic, _, cleanup := b.orderedTopic("pub")
+	defer cleanup()
+	start := time.Now()
+	run(topicID, topic)
+	return float64(msgs) / time.Since(start).Seconds()
+}
+
+// adapterPublish publishes msgs messages over keys with the adapter's
+// Topic, without waiting, then waits for every result.
+func adapterPublish(topic *adapter.Topic, keys []string, msgs int, payload []byte) {
+	ctx := context.Background()
+	results := make([]*adapter.PublishResult, 0, msgs)
+	for i := range msgs {
+		results = append(results, topic.Publish(ctx, &adapter.Message{Data: payload, OrderingKey: keys[i%len(keys)]}))
+	}
+	for _, r := range results {
+		_, err := r.Get(ctx)
+		check(err)
+	}
 }
 
 // orderedTopic creates a topic and an ordered subscription to it; cleanup

@@ -102,32 +102,19 @@ func (b *bench) deliver(keys, msgs int, recv func(sub *adapter.Subscription, don
 // Topic and with Google's Publisher through the gRPC API.
 func (s *sidecarBench) publish(keys, msgs int) (lib, grpcRate float64) {
 	ctx := context.Background()
-	b := s.b
 	payload := make([]byte, *payloadSize)
-	timed := func(run func(topicID string, topic *adapter.Topic)) float64 {
-		topicID, topic, _, cleanup := b.orderedTopic("pub")
-		defer cleanup()
-		start := time.Now()
-		run(topicID, topic)
-		return float64(msgs) / time.Since(start).Seconds()
+	keyNames := make([]string, keys)
+	for k := range keyNames {
+		keyNames[k] = "key-" + strconv.Itoa(k)
 	}
-	lib = timed(func(_ string, topic *adapter.Topic) {
-		results := make([]*adapter.PublishResult, 0, msgs)
-		for i := range msgs {
-			results = append(results, topic.Publish(ctx, &adapter.Message{Data: payload, OrderingKey: "key-" + strconv.Itoa(i%keys)}))
-		}
-		for _, r := range results {
-			_, err := r.Get(ctx)
-			check(err)
-		}
-	})
-	grpcRate = timed(func(topicID string, _ *adapter.Topic) {
+	lib = s.b.timedPublish(msgs, func(_ string, topic *adapter.Topic) { adapterPublish(topic, keyNames, msgs, payload) })
+	grpcRate = s.b.timedPublish(msgs, func(topicID string, _ *adapter.Topic) {
 		p := s.client.Publisher(topicID)
 		p.EnableMessageOrdering = true
 		defer p.Stop()
 		results := make([]*pubsub.PublishResult, 0, msgs)
 		for i := range msgs {
-			results = append(results, p.Publish(ctx, &pubsub.Message{Data: payload, OrderingKey: "key-" + strconv.Itoa(i%keys)}))
+			results = append(results, p.Publish(ctx, &pubsub.Message{Data: payload, OrderingKey: keyNames[i%keys]}))
 		}
 		for _, r := range results {
 			_, err := r.Get(ctx)
