@@ -202,6 +202,3 @@ func (b *Broker) Close() {
 		}
 	}
 }
-
-// String names the broker's connection for logs.
-func (b *Broker) String() string { return fmt.Sprintf("broker(%s)", b.nc.ConnectedUrlRedacted()) }

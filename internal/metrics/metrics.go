@@ -18,9 +18,6 @@ import (
 // Counter only goes up.
 type Counter struct{ v atomic.Uint64 }
 
-// Add adds n.
-func (c *Counter) Add(n uint64) { c.v.Add(n) }
-
 // Inc adds 1.
 func (c *Counter) Inc() { c.v.Add(1) }
 
@@ -60,13 +57,6 @@ func (h *Histogram) Observe(d time.Duration) {
 	h.sum += s
 	h.n++
 	h.mu.Unlock()
-}
-
-// Count is the number of observations.
-func (h *Histogram) Count() uint64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.n
 }
 
 // Registry is the sidecar's set of metrics.

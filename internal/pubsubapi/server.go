@@ -16,7 +16,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -259,5 +258,3 @@ func page[T any](items []T, name func(T) string, size int32, token string) ([]T,
 }
 
 var errShuttingDown = status.Error(codes.Unavailable, "the sidecar is shutting down")
-
-func (s *Server) String() string { return fmt.Sprintf("pubsubapi(%v)", s.b) }
