@@ -26,6 +26,10 @@ type ReceiveSettings struct {
 	// MaxExtension bounds how long Receive keeps extending the ack deadline
 	// of a message it holds. Default 60 minutes.
 	MaxExtension time.Duration
+	// OnDeadLetter, if set, is called after a message has been moved to the
+	// subscription's dead-letter topic (and terminated here), for metrics or
+	// logs. It must not block.
+	OnDeadLetter func(*Message)
 }
 
 // DefaultReceiveSettings are the settings a new Subscription handle has.
@@ -442,6 +446,9 @@ func (r *receiver) moveToDeadLetter(d *delivery, dl *deadLetterRecord) {
 	r.c.cfg.logger.Info("moved message to dead-letter topic", "subscription", r.sub.id,
 		"dead_letter_topic", t.String(), "message", m.ID, "ordering_key", m.OrderingKey, "attempts", m.DeliveryAttempt-1)
 	d.finish(ackTerm)
+	if f := r.settings.OnDeadLetter; f != nil {
+		f(m)
+	}
 }
 
 func (r *receiver) deadTopic(dl *deadLetterRecord) *Topic {

@@ -68,6 +68,7 @@ type Registry struct {
 	Acked        Counter
 	Nacked       Counter // nacks by clients (ModifyAckDeadline 0) and leases handed back at shutdown
 	Expired      Counter // leases that ran out without ack or extension
+	DeadLettered Counter // messages moved to a dead-letter topic
 	DIDCommGaps  Counter // DIDComm gaps opened, on subscriptions tracked by the sidecar
 
 	Streams     Gauge // open StreamingPull streams
@@ -109,6 +110,7 @@ func (r *Registry) Write(w io.Writer) error {
 	counter("jetorder_acked_total", "Messages acknowledged by subscribers.", &r.Acked)
 	counter("jetorder_nacked_total", "Messages handed back: nacked by subscribers (ModifyAckDeadline 0) or at shutdown.", &r.Nacked)
 	counter("jetorder_lease_expired_total", "Messages whose ack deadline passed without ack or extension.", &r.Expired)
+	counter("jetorder_dead_lettered_total", "Messages moved to their subscription's dead-letter topic after the maximum delivery attempts.", &r.DeadLettered)
 	counter("jetorder_didcomm_gaps_total", "DIDComm sender_order gaps opened on subscriptions the sidecar tracks.", &r.DIDCommGaps)
 	gauge("jetorder_streaming_pull_streams", "Open StreamingPull streams.", float64(r.Streams.Value()))
 	gauge("jetorder_outstanding_messages", "Messages handed to subscribers and not yet settled.", float64(r.Outstanding.Value()))

@@ -10,6 +10,10 @@
 //   - nothing lost: every published message is eventually acked on every
 //     subscription.
 //
+// After a process was killed (AcksMayBeLost), acks it had not yet passed
+// on or stored are lost, so a key may go back to a message acked before;
+// from there it must go on in order again. Such restarts are counted.
+//
 // Messages are identified by (key, index): the publisher numbers each key's
 // messages 0, 1, 2, ... in publish order and the checker learns each
 // message's position from the message itself, so deliveries that overtake
@@ -34,6 +38,7 @@ type Checker struct {
 	subs       map[string]*subState
 	violations []string
 	maxViol    int
+	lostAcks   bool
 }
 
 type subState struct {
@@ -44,16 +49,17 @@ type subState struct {
 }
 
 type keyState struct {
-	firstUnacked int
-	attempts     int // deliveries of firstUnacked so far
-	inFlight     int // index in a handler, -1 if none
+	firstUnacked  int
+	lastDelivered int // the highest index delivered so far, -1 if none
+	inFlight      int // index in a handler, -1 if none
 }
 
 // Stats counts what a subscription saw.
 type Stats struct {
 	Deliveries   int
-	Redeliveries int
+	Redeliveries int // deliveries of a message delivered before
 	Acks         int
+	Rewinds      int // keys gone back to a message acked before (AcksMayBeLost)
 }
 
 // New returns an empty checker.
@@ -129,24 +135,25 @@ func (c *Checker) Delivered(sub, key string, index int) {
 	}
 	k := s.keys[key]
 	if k == nil {
-		k = &keyState{inFlight: -1}
+		k = &keyState{lastDelivered: -1, inFlight: -1}
 		s.keys[key] = k
 	}
 	if k.inFlight >= 0 {
 		c.violate("%s: key %q message %d delivered while message %d is unacked in a handler", sub, key, index, k.inFlight)
 	}
 	switch {
+	case index < k.firstUnacked && c.lostAcks:
+		s.stats.Rewinds++
+		k.firstUnacked = index
 	case index < k.firstUnacked:
 		c.violate("%s: key %q message %d delivered again after it was acked (first unacked is %d)", sub, key, index, k.firstUnacked)
 	case index > k.firstUnacked:
 		c.violate("%s: key %q message %d delivered before message %d was acked", sub, key, index, k.firstUnacked)
 	}
-	if index == k.firstUnacked {
-		if k.attempts > 0 {
-			s.stats.Redeliveries++
-		}
-		k.attempts++
+	if index <= k.lastDelivered {
+		s.stats.Redeliveries++
 	}
+	k.lastDelivered = max(k.lastDelivered, index)
 	k.inFlight = index
 }
 
@@ -169,8 +176,17 @@ func (c *Checker) Acked(sub, key string, index int) {
 	k.inFlight = -1
 	if index == k.firstUnacked {
 		k.firstUnacked++
-		k.attempts = 0
 	}
+}
+
+// AcksMayBeLost tells the checker that a process was killed: from now on
+// a key may go back to a message acked before (its ack was lost with the
+// process), and must then go on in order from there. A message that went
+// back is a redelivery, not a new first delivery.
+func (c *Checker) AcksMayBeLost() {
+	c.mu.Lock()
+	c.lostAcks = true
+	c.mu.Unlock()
 }
 
 // Released records that sub's handler gave key's message index back without

@@ -97,6 +97,48 @@ func TestCheckerMissingAndStats(t *testing.T) {
 	}
 }
 
+// After a kill, a key may go back to a message acked before, but must then
+// go on in order from there; before the kill that is a violation.
+func TestCheckerAcksMayBeLost(t *testing.T) {
+	c := New()
+	for i := range 4 {
+		c.Published("k", i)
+		c.Delivered("s", "k", i)
+		c.Acked("s", "k", i)
+	}
+	c.Delivered("s", "k", 2)
+	c.Released("s", "k", 2)
+	if v := c.Violations(); len(v) != 1 || !strings.Contains(v[0], "delivered again after it was acked") {
+		t.Fatalf("before AcksMayBeLost: violations %v", v)
+	}
+	c = New()
+	for i := range 4 {
+		c.Published("k", i)
+	}
+	c.Delivered("s", "k", 0)
+	c.Acked("s", "k", 0)
+	c.Delivered("s", "k", 1)
+	c.Acked("s", "k", 1)
+	c.AcksMayBeLost()
+	c.Delivered("s", "k", 0) // the ack of 0 was lost: back to 0, then on in order
+	c.Acked("s", "k", 0)
+	c.Delivered("s", "k", 2) // skipping 1 is still a violation
+	if v := c.Violations(); len(v) != 1 || !strings.Contains(v[0], "message 2 delivered before message 1 was acked") {
+		t.Fatalf("violations %v", v)
+	}
+	c.Released("s", "k", 2)
+	for _, i := range []int{1, 2, 3} {
+		c.Delivered("s", "k", i)
+		c.Acked("s", "k", i)
+	}
+	if !c.Complete("s") {
+		t.Fatalf("not complete: %s", c.Missing("s"))
+	}
+	if st := c.Stats("s"); st.Rewinds != 1 || st.Redeliveries != 3 {
+		t.Fatalf("stats = %+v, want 1 rewind and 3 redeliveries (0, 1, and 2 again)", st)
+	}
+}
+
 func TestEncodeDecode(t *testing.T) {
 	key, idx, err := Decode(Encode("a|b", 42))
 	if err != nil || key != "a|b" || idx != 42 {

@@ -88,6 +88,9 @@ func New(b *broker.Broker, cfg Config) *Server {
 	s := &Server{b: b, cfg: cfg, log: cfg.Logger, ackKey: key, dispatchers: make(map[string]*dispatcher)}
 	b.Metrics.GaugeFunc("jetorder_active_keys", "Ordering keys with a message held by this sidecar (with a client or waiting for one).",
 		func() (float64, bool) { return float64(s.activeKeys()), true })
+	b.Metrics.GaugeFunc("jetorder_max_delivery_attempt", "The highest delivery attempt among messages handed to subscribers now: "+
+		"a message that keeps failing (without a dead-letter policy its key waits) shows as a number that keeps growing.",
+		func() (float64, bool) { return float64(s.maxDeliveryAttempt()), true })
 	return s
 }
 
@@ -131,6 +134,18 @@ func (s *Server) activeKeys() int {
 	for _, d := range s.dispatcherList() {
 		d.mu.Lock()
 		n += len(d.keys)
+		d.mu.Unlock()
+	}
+	return n
+}
+
+func (s *Server) maxDeliveryAttempt() int {
+	n := 0
+	for _, d := range s.dispatcherList() {
+		d.mu.Lock()
+		for _, l := range d.leases {
+			n = max(n, l.msg.DeliveryAttempt)
+		}
 		d.mu.Unlock()
 	}
 	return n
