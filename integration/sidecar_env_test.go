@@ -87,15 +87,21 @@ func (p *sidecarProc) stop() {
 // the client does for PUBSUB_EMULATOR_HOST.
 func (p *sidecarProc) goClient() *pubsub.Client {
 	p.t.Helper()
+	return goClientAt(p.t, p.at.GRPC)
+}
+
+// goClientAt is Google's Go client for the sidecar at addr.
+func goClientAt(t *testing.T, addr string) *pubsub.Client {
+	t.Helper()
 	c, err := pubsub.NewClient(context.Background(), project,
-		option.WithEndpoint(p.at.GRPC),
+		option.WithEndpoint(addr),
 		option.WithoutAuthentication(),
 		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
 		option.WithTelemetryDisabled())
 	if err != nil {
-		p.t.Fatalf("pubsub.NewClient: %v", err)
+		t.Fatalf("pubsub.NewClient: %v", err)
 	}
-	p.t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
@@ -129,23 +135,29 @@ func mustCreateSub(t *testing.T, c *pubsub.Client, s *pb.Subscription) {
 	}
 }
 
-// receiveGo runs a Go client Receive until the test ends.
-func receiveGo(t *testing.T, sub *pubsub.Subscriber, f func(context.Context, *pubsub.Message)) {
+// receiveGo runs a Go client Receive until the test ends, or until the
+// function it returns is called.
+func receiveGo(t *testing.T, sub *pubsub.Subscriber, f func(context.Context, *pubsub.Message)) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sub.Receive(ctx, f) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Receive: %v", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Receive: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("Receive did not return within 30s")
 			}
-		case <-time.After(30 * time.Second):
-			t.Error("Receive did not return within 30s")
-		}
-	})
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // publishGo publishes and waits for the id.

@@ -576,12 +576,17 @@ func TestSidecarDeadLetterAndMetrics(t *testing.T) {
 		t.Fatalf("dead letter = %q key %q attributes %v", dead.GetMessage().GetData(), dead.GetMessage().GetOrderingKey(), attrs)
 	}
 
-	resp, err := http.Get("http://" + sc.at.HTTP + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	var body []byte
+	// The move is counted just after it is stored.
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		resp, err := http.Get("http://" + sc.at.HTTP + "/metrics")
+		if err != nil {
+			return false
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return strings.Contains(string(body), "jetorder_dead_lettered_total 1\n")
+	}, "metrics do not count the dead letter:\n%s", func() string { return string(body) })
 	for _, want := range []string{"jetorder_nacked_total 5\n", "jetorder_redelivered_total 4\n", "jetorder_published_total 2\n", "jetorder_streaming_pull_streams 1\n", "jetorder_live_consumers "} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
