@@ -87,6 +87,13 @@ func parseConfig(args []string) (config, error) {
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return c, errors.New("--tls-cert and --tls-key go together")
 	}
+	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
+		return c, errors.New("--nats-tls-cert and --nats-tls-key go together")
+	}
+	if c.NATSURL == "" && c.NATSCreds+c.NATSNKey+c.NATSUser+c.NATSPassword+c.NATSToken+c.NATSTLSCA+c.NATSTLSCert != "" {
+		// The embedded server has no authentication: credentials would be ignored.
+		return c, errors.New("the --nats-creds, --nats-nkey, --nats-user, --nats-password, --nats-token and --nats-tls-* flags apply to --nats-url")
+	}
 	return c, nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"testing"
 	"time"
 )
@@ -27,10 +28,43 @@ func TestParseConfig(t *testing.T) {
 		{"--max-streams", "many"},
 		{"--shutdown-timeout", "soon"},
 		{"--tls-cert", "cert.pem"},
+		{"--nats-url", "nats://x", "--nats-tls-key", "key.pem"},
+		{"--nats-user", "u", "--nats-password", "p"}, // without --nats-url
+		{"--nats-tls-ca", "ca.pem"},
 		{"stray"},
 	} {
 		if _, err := parseConfig(bad); err == nil {
 			t.Errorf("parseConfig(%q) accepted", bad)
 		}
+	}
+}
+
+// By default nothing listens beyond loopback and the embedded server has no
+// client port; secrets can come from the environment, out of sight of ps.
+func TestParseConfigSecurityDefaults(t *testing.T) {
+	cfg, err := parseConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{cfg.GRPCAddr, cfg.HTTPAddr} {
+		host, _, err := net.SplitHostPort(addr)
+		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+			t.Errorf("default address %q is not loopback", addr)
+		}
+	}
+	if cfg.NATSListen != "" || cfg.NATSURL != "" || cfg.TLSCert != "" {
+		t.Errorf("defaults: nats-listen %q, nats-url %q, tls-cert %q", cfg.NATSListen, cfg.NATSURL, cfg.TLSCert)
+	}
+
+	t.Setenv("JETORDER_NATS_PASSWORD", "secret")
+	t.Setenv("JETORDER_NATS_TOKEN", "tok")
+	cfg, err = parseConfig([]string{"--nats-url", "tls://nats:4222", "--nats-user", "app",
+		"--nats-tls-ca", "ca.pem", "--nats-tls-cert", "c.pem", "--nats-tls-key", "k.pem"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NATSUser != "app" || cfg.NATSPassword != "secret" || cfg.NATSToken != "tok" ||
+		cfg.NATSTLSCA != "ca.pem" || cfg.NATSTLSCert != "c.pem" || cfg.NATSTLSKey != "k.pem" {
+		t.Errorf("credentials: %+v", cfg.Config)
 	}
 }

@@ -36,6 +36,10 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// Logging sends the server's own log to stderr.
 	Logging bool
+	// Configure, if set, changes the options last, before the server is
+	// created: authentication, TLS, operator mode and anything else the
+	// fields above do not cover.
+	Configure func(*server.Options)
 
 	// cluster settings, set by StartCluster.
 	clusterName   string
@@ -85,6 +89,9 @@ func Start(cfg Config) (*Server, error) {
 			Port: cfg.clusterPort,
 		}
 		opts.Routes = server.RoutesFromStr(strings.Join(cfg.clusterRoutes, ","))
+	}
+	if cfg.Configure != nil {
+		cfg.Configure(opts)
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

@@ -12,7 +12,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -145,9 +147,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 	go func() { grpcDone <- gs.Serve(gl) }()
 
 	var hs *http.Server
+	var hl net.Listener
 	httpDone := make(chan error, 1)
 	if cfg.HTTPAddr != "" && cfg.HTTPAddr != "off" {
-		hl, err := net.Listen("tcp", cfg.HTTPAddr)
+		hl, err = net.Listen("tcp", cfg.HTTPAddr)
 		if err != nil {
 			gs.Stop()
 			return fmt.Errorf("--http-addr: %w", err)
@@ -162,6 +165,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 			}),
 			ReadHeaderTimeout: 10 * time.Second,
 			TLSConfig:         tlsConf,
+			// Failed handshakes and the like: to our log, not the standard one.
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
 		go func() {
 			if tlsConf != nil {
@@ -176,9 +181,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 	if srv != nil {
 		attrs = append(attrs, "nats", "embedded", "data_dir", cfg.DataDir, "nats_listen", orOff(where.NATS))
 	} else {
-		attrs = append(attrs, "nats", nc.ConnectedUrlRedacted())
+		attrs = append(attrs, "nats", redactURLs(nc.ConnectedUrl()))
 	}
 	log.Info("jetorder sidecar listening", attrs...)
+	// The APIs have no authentication of their own, and the embedded
+	// server none at all: say so when others can reach them.
+	if tlsConf == nil && beyondLoopback(gl.Addr()) {
+		log.Warn("the gRPC API listens beyond loopback without TLS", "grpc", where.GRPC)
+	}
+	if tlsConf == nil && hs != nil && beyondLoopback(hl.Addr()) {
+		log.Warn("the HTTP API listens beyond loopback without TLS", "http", where.HTTP)
+	}
+	if srv != nil && where.NATS != "" && beyondLoopback(srv.Addr()) {
+		log.Warn("--nats-listen exposes the embedded nats-server, which has no authentication, beyond loopback", "nats_listen", where.NATS)
+	}
 	if ready != nil {
 		ready(where)
 	}
@@ -227,7 +243,16 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 				log.Warn("NATS disconnected", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", redactURLs(c.ConnectedUrl())) }),
+		// Asynchronous errors, such as permission violations and slow
+		// consumers, go to our log instead of nats.go's default, stderr.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub != nil {
+				log.Warn("NATS error", "subject", sub.Subject, "err", err)
+			} else {
+				log.Warn("NATS error", "err", err)
+			}
+		}),
 	}
 	if cfg.NATSURL == "" {
 		ecfg := embedded.Config{StoreDir: cfg.DataDir, NoListen: cfg.NATSListen == ""}
@@ -279,7 +304,7 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 	}
 	nc, err := nats.Connect(cfg.NATSURL, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", cfg.NATSURL, err)
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", redactURLs(cfg.NATSURL), err)
 	}
 	return nc, nil, nil
 }
@@ -294,6 +319,9 @@ func waitJetStream(ctx context.Context, js jetstream.JetStream) error {
 		cancel()
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+			return fmt.Errorf("JetStream not available: %w", err) // waiting will not change it
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return fmt.Errorf("JetStream not available: %w", err)
@@ -323,4 +351,40 @@ func orOff(s string) string {
 		return "off"
 	}
 	return s
+}
+
+// redactURLs hides the password or token of each URL in a comma-separated
+// list, for logs and errors.
+func redactURLs(urls string) string {
+	list := strings.Split(urls, ",")
+	for i, raw := range list {
+		raw = strings.TrimSpace(raw)
+		if !strings.Contains(raw, "://") {
+			raw = "nats://" + raw // as nats.go reads it
+		}
+		u, err := url.Parse(raw)
+		switch {
+		case err != nil:
+			list[i] = "(invalid URL)"
+			continue
+		case u.User == nil:
+		case hasPassword(u.User):
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		default:
+			u.User = url.User("xxxxx") // a user name alone is a token
+		}
+		list[i] = u.String()
+	}
+	return strings.Join(list, ",")
+}
+
+func hasPassword(u *url.Userinfo) bool {
+	_, ok := u.Password()
+	return ok
+}
+
+// beyondLoopback tells whether others than this host can reach a listener.
+func beyondLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return !ok || !ta.IP.IsLoopback()
 }
