@@ -28,6 +28,8 @@ fuzz:
 	$(GO) test ./internal/pubsubapi -run '^$$' -fuzz FuzzParseAckID -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/httpapi -run '^$$' -fuzz FuzzReadEvent -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/httpapi -run '^$$' -fuzz FuzzDecodeJSON -fuzztime $(FUZZTIME)
+	$(GO) test ./adapter -run '^$$' -fuzz FuzzReadMetadata -fuzztime $(FUZZTIME)
+	$(GO) test ./cloudevents -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 
 build:
 	$(GO) build ./...

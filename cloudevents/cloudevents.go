@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/types"
@@ -82,6 +83,9 @@ func Encode(e event.Event, mode Mode) (*adapter.Message, error) {
 	if err := e.Validate(); err != nil {
 		return nil, invalid("%v", err)
 	}
+	if err := checkUTF8(e); err != nil {
+		return nil, err
+	}
 	if mode == Structured {
 		data, err := json.Marshal(e)
 		if err != nil {
@@ -115,6 +119,25 @@ func Encode(e event.Event, mode Mode) (*adapter.Message, error) {
 		set(name, s)
 	}
 	return &adapter.Message{Data: e.Data(), Header: h}, nil
+}
+
+// checkUTF8 refuses attribute values that are not UTF-8: CloudEvents
+// strings are Unicode, and Decode refuses them, so an event carrying one
+// could be published but never read.
+func checkUTF8(e event.Event) error {
+	attrs := map[string]string{"id": e.ID(), "source": e.Source(), "type": e.Type(), "subject": e.Subject(),
+		"dataschema": e.DataSchema(), "datacontenttype": e.DataContentType()}
+	for name, v := range e.Extensions() {
+		if s, err := types.Format(v); err == nil {
+			attrs[name] = s
+		}
+	}
+	for name, v := range attrs {
+		if !utf8.ValidString(v) {
+			return invalid("%s %q is not UTF-8", name, v)
+		}
+	}
+	return nil
 }
 
 // Decode reads a delivered message as an event. A message without a
