@@ -217,6 +217,9 @@ func (a *api) parsePublish(body []byte) ([]*adapter.Message, error) {
 	if err := decodeJSON(body, &req); err != nil {
 		return nil, err
 	}
+	if err := checkSurrogates(body); err != nil {
+		return nil, err
+	}
 	switch n := len(req.Messages); {
 	case n == 0:
 		return nil, errorf(http.StatusBadRequest, "messages must not be empty")
@@ -273,6 +276,9 @@ func (a *api) events(w http.ResponseWriter, r *http.Request, project string) {
 		return
 	}
 	e, err := hm.toEvent()
+	if err == nil && hm.format != nil {
+		err = checkSurrogates(hm.body) // valid JSON now
+	}
 	if err != nil {
 		a.fail(w, r, err)
 		return
@@ -371,6 +377,9 @@ func validateNames(project, topic string) error {
 	return nil
 }
 
+// maxBodyPrealloc bounds what readBody allocates before the body arrives.
+const maxBodyPrealloc = 64 << 10
+
 // readBody reads the whole body, up to the limit.
 func (a *api) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	if r.ContentLength > a.maxBody {
@@ -378,7 +387,9 @@ func (a *api) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	}
 	var buf bytes.Buffer
 	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
+		// Not more up front: a client that declares a large body and
+		// sends none would otherwise hold that much memory per request.
+		buf.Grow(int(min(r.ContentLength, maxBodyPrealloc)))
 	}
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, a.maxBody))
 	var tooLarge *http.MaxBytesError

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
+	"unicode/utf16"
 )
 
 // decodeJSON decodes one JSON value from body into v, refusing unknown
@@ -72,4 +74,35 @@ func decodeBase64(s string) ([]byte, error) {
 		return base64.RawURLEncoding.DecodeString(s)
 	}
 	return base64.RawStdEncoding.DecodeString(s)
+}
+
+// checkSurrogates refuses a \u escape that is half of a UTF-16 surrogate
+// pair without its other half. encoding/json would decode it to U+FFFD, so
+// distinct ordering keys ("\ud800", "\udbff") would become one without a
+// word; protobuf's JSON parser refuses them too. body is valid JSON, where
+// a backslash only occurs in a string.
+func checkSurrogates(body []byte) error {
+	for i := 0; i < len(body); i++ {
+		if body[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character
+		if i >= len(body) || body[i] != 'u' || i+4 >= len(body) {
+			continue
+		}
+		r, err := strconv.ParseUint(string(body[i+1:i+5]), 16, 16)
+		if err != nil || !utf16.IsSurrogate(rune(r)) {
+			continue
+		}
+		start := i - 1
+		i += 4
+		if r < 0xdc00 && i+6 < len(body) && body[i+1] == '\\' && body[i+2] == 'u' {
+			if lo, err := strconv.ParseUint(string(body[i+3:i+7]), 16, 16); err == nil && lo >= 0xdc00 && lo <= 0xdfff {
+				i += 6 // a whole pair
+				continue
+			}
+		}
+		return errorf(http.StatusBadRequest, "invalid JSON at byte %d: %s is half of a UTF-16 surrogate pair, not a character", start, body[start:i+1])
+	}
+	return nil
 }

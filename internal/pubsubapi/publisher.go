@@ -10,8 +10,11 @@ import (
 	"github.com/jetorder/jetorder/adapter"
 )
 
-// maxPublishRequestBytes is Pub/Sub's limit on one Publish request.
-const maxPublishRequestBytes = 10 << 20
+// Pub/Sub's limits on one Publish request.
+const (
+	maxPublishRequestBytes    = 10 << 20
+	maxPublishRequestMessages = 1000
+)
 
 // CreateTopic creates a topic; message_retention_duration bounds how long
 // its messages are kept.
@@ -159,6 +162,9 @@ func (s *Server) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	}
 	if len(req.GetMessages()) == 0 {
 		return nil, invalid("publish to %s: the request has no messages", req.GetTopic())
+	}
+	if n := len(req.GetMessages()); n > maxPublishRequestMessages {
+		return nil, invalid("publish to %s: %d messages in one request, at most %d", req.GetTopic(), n, maxPublishRequestMessages)
 	}
 	total := 0
 	msgs := make([]*adapter.Message, len(req.GetMessages()))

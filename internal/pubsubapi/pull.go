@@ -30,6 +30,12 @@ const (
 // knows whether the subscription orders messages.
 func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 	ctx := stream.Context()
+	// A stream counts from the moment it opens, not from its first
+	// request: streams that never send one would otherwise be unbounded.
+	if !s.openStream() {
+		return status.Errorf(codes.ResourceExhausted, "too many StreamingPull streams (at most %d)", s.cfg.MaxStreams)
+	}
+	defer s.closeStream()
 	first, err := stream.Recv()
 	if errors.Is(err, io.EOF) {
 		return nil // the client closed without asking for anything
@@ -48,10 +54,6 @@ func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 	if first.GetMaxOutstandingMessages() < 0 || first.GetMaxOutstandingBytes() < 0 {
 		return invalid("max_outstanding_messages and max_outstanding_bytes must not be negative")
 	}
-	if !s.openStream() {
-		return status.Errorf(codes.ResourceExhausted, "too many StreamingPull streams (at most %d)", s.cfg.MaxStreams)
-	}
-	defer s.closeStream()
 	d, err := s.attach(ctx, project, id)
 	if err != nil {
 		return err
