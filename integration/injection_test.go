@@ -107,7 +107,7 @@ func injSameKey(label, key string) bool { return label == key }
 
 func (r *injReader) published(label, key string, i int) {
 	if r.ordered {
-		r.chk.Published(checkerKey(label, key), i)
+		r.chk.Published(injCheckerKey(label, key), i)
 		return
 	}
 	r.mu.Lock()
@@ -115,8 +115,8 @@ func (r *injReader) published(label, key string, i int) {
 	r.mu.Unlock()
 }
 
-// checkerKey: unkeyed messages are the checker's key "".
-func checkerKey(label, key string) string {
+// injCheckerKey: unkeyed messages are the checker's key "".
+func injCheckerKey(label, key string) string {
 	if key == "" {
 		return ""
 	}
@@ -135,7 +135,7 @@ func (r *injReader) deliver(data []byte, key string, attempt int) (acking func()
 		r.fail("%q delivered %d times", data, attempt)
 	}
 	if r.ordered {
-		ck := checkerKey(label, key)
+		ck := injCheckerKey(label, key)
 		r.chk.Delivered(r.sub, ck, i)
 		return func() { r.chk.Acked(r.sub, ck, i) }
 	}
