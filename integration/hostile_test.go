@@ -463,7 +463,9 @@ func TestHostileGRPCRequests(t *testing.T) {
 // published through gRPC and through HTTP, and delivered whole; a request
 // over Pub/Sub's 10 MiB is refused by the sidecar, one over the gRPC
 // server's 12 MiB by grpc-go (RESOURCE_EXHAUSTED), and a message over the
-// NATS server's max_payload by the adapter; none of those stores anything.
+// NATS server's max_payload, by its data or by its data and headers
+// together, as invalid; none of those stores anything, and the key goes
+// on.
 func TestHostileMessageSizes(t *testing.T) {
 	sc, js, pubc, subc := hostileSetup(t, sidecar.Config{})
 	ctx := context.Background()
@@ -488,6 +490,28 @@ func TestHostileMessageSizes(t *testing.T) {
 	hostileAssertStatus(t, "10.5 MiB request", err, codes.InvalidArgument, "the request is larger than 10485760 bytes")
 	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: make([]byte, 8<<20-16<<10+1)}}})
 	hostileAssertStatus(t, "a message over max_payload", err, codes.InvalidArgument, "exceeds the server's limit of 8372224")
+	// Data within the limit, but attributes that take three bytes a byte
+	// in headers push the whole message over max_payload.
+	escaped := map[string]string{}
+	for i := range 20 {
+		escaped[fmt.Sprint("a", i)] = strings.Repeat("\x01", 1024)
+	}
+	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: make([]byte, 8<<20-16<<10), Attributes: escaped, OrderingKey: "big"}}})
+	hostileAssertStatus(t, "data and headers over max_payload", err, codes.InvalidArgument, "nats: maximum payload exceeded")
+	req, err := http.NewRequest(http.MethodPost, "http://"+sc.at.HTTP+"/v1/projects/"+project+"/topics/hostile/events", bytes.NewReader(make([]byte, 8<<20-16<<10)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = http.Header{"Content-Type": {"application/octet-stream"}, "Ce-Specversion": {"1.0"}, "Ce-Id": {"1"}, "Ce-Source": {"/s"}, "Ce-Type": {"t"},
+		"Ce-Note": {strings.Repeat("%01", 20<<10)}}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg := injErrorMessage(t, resp); resp.StatusCode != http.StatusBadRequest || !strings.Contains(msg, "nats: maximum payload exceeded") {
+		t.Errorf("HTTP event with data and headers over max_payload: %d %q", resp.StatusCode, msg)
+	}
+	resp.Body.Close()
 
 	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("hostile-sub"), StreamAckDeadlineSeconds: 60})
 	m := rs.next()
@@ -497,10 +521,20 @@ func TestHostileMessageSizes(t *testing.T) {
 	if _, err := subc.Acknowledge(ctx, &pb.AcknowledgeRequest{Subscription: subPath("hostile-sub"), AckIds: []string{m.GetAckId()}}); err != nil {
 		t.Fatal(err)
 	}
-	if m := rs.next(); !bytes.Equal(m.GetMessage().GetData(), big[:4_000_000]) {
+	m = rs.next()
+	if !bytes.Equal(m.GetMessage().GetData(), big[:4_000_000]) {
 		t.Fatalf("second delivery: %d bytes, not the 4 MB published over HTTP", len(m.GetMessage().GetData()))
 	}
-	injAssertStored(t, js, project, "hostile", 2)
+	if _, err := subc.Acknowledge(ctx, &pb.AcknowledgeRequest{Subscription: subPath("hostile-sub"), AckIds: []string{m.GetAckId()}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: []byte("after"), OrderingKey: "big"}}}); err != nil {
+		t.Fatalf("publish on the key after the refusals: %v", err)
+	}
+	if m := rs.next(); string(m.GetMessage().GetData()) != "after" {
+		t.Fatalf("third delivery: %d bytes, want the message published after the refusals", len(m.GetMessage().GetData()))
+	}
+	injAssertStored(t, js, project, "hostile", 3)
 }
 
 // hostileMetric polls /metrics until the line name has value want.

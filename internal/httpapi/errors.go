@@ -56,7 +56,8 @@ func statusOf(err error) int {
 		errors.Is(err, keyrouter.ErrOrderingKeyTooLong),
 		errors.Is(err, keyrouter.ErrOrderingKeyNotUTF8),
 		errors.Is(err, adapter.ErrInvalidMessage),
-		errors.Is(err, cloudevents.ErrInvalidEvent):
+		errors.Is(err, cloudevents.ErrInvalidEvent),
+		errors.Is(err, nats.ErrMaxPayload): // data and headers together over the server's max_payload
 		return http.StatusBadRequest
 	case errors.Is(err, adapter.ErrTopicNotFound):
 		return http.StatusNotFound

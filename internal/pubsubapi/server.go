@@ -221,7 +221,8 @@ func toStatus(err error) error {
 	case errors.Is(err, adapter.ErrInvalidConfig), errors.Is(err, adapter.ErrInvalidMessage),
 		errors.Is(err, keyrouter.ErrEmptyOrderingKey), errors.Is(err, keyrouter.ErrOrderingKeyTooLong),
 		errors.Is(err, keyrouter.ErrOrderingKeyNotUTF8), errors.Is(err, keyrouter.ErrInvalidProjectID),
-		errors.Is(err, keyrouter.ErrInvalidTopicID), errors.Is(err, keyrouter.ErrInvalidSubscriptionID):
+		errors.Is(err, keyrouter.ErrInvalidTopicID), errors.Is(err, keyrouter.ErrInvalidSubscriptionID),
+		errors.Is(err, nats.ErrMaxPayload): // data and headers together over the server's max_payload
 		code = codes.InvalidArgument
 	case errors.Is(err, broker.ErrTooManyProjects):
 		code = codes.ResourceExhausted
