@@ -331,7 +331,7 @@ func (t *Topic) publishError(err error) error {
 // publishing: layers that take several messages in one request check them
 // all first, so that a request with one bad message stores none.
 func (t *Topic) Validate(msg *Message) error {
-	_, err := t.validate(msg)
+	_, err := t.encode(msg)
 	return err
 }
 
@@ -362,10 +362,40 @@ func (t *Topic) validate(msg *Message) (string, error) {
 	if err := validateHeader(msg.Header); err != nil {
 		return "", err
 	}
-	if max := t.c.nc.MaxPayload(); max > 0 && int64(len(msg.Data)) > max-16*1024 {
-		return "", fmt.Errorf("%w: data of %d bytes exceeds the server's limit of %d", ErrInvalidMessage, len(msg.Data), max-16*1024)
-	}
 	return subject, nil
+}
+
+// identityReserve is room for the headers the publisher adds when it
+// queues a message (message id, sender id, sequence number, send time):
+// about 200 bytes.
+const identityReserve = 512
+
+// checkSize refuses a message the server would refuse: its data and
+// headers, with room for the identity headers, over max_payload. Checked
+// before queueing, a too-large message fails alone instead of at send
+// time, where it would pause its key.
+func (t *Topic) checkSize(m *nats.Msg) error {
+	max := t.c.nc.MaxPayload()
+	if max <= 0 {
+		return nil
+	}
+	size := int64(len(m.Data) + headerSize(m.Header) + identityReserve)
+	if size > max {
+		return fmt.Errorf("%w: message of %d bytes (data %d, headers %d) exceeds the server's limit of %d bytes",
+			ErrInvalidMessage, size-identityReserve, len(m.Data), size-identityReserve-int64(len(m.Data)), max-identityReserve)
+	}
+	return nil
+}
+
+// headerSize is the length of h in the NATS wire format.
+func headerSize(h nats.Header) int {
+	n := len("NATS/1.0\r\n\r\n")
+	for name, vals := range h {
+		for _, v := range vals {
+			n += len(name) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return n
 }
 
 // encode validates msg and turns it into a NATS message on the right
@@ -386,5 +416,8 @@ func (t *Topic) encode(msg *Message) (*nats.Msg, error) {
 	}
 	writeHeaders(m.Header, msg)
 	writeMetadata(m.Header, msg, created)
+	if err := t.checkSize(m); err != nil {
+		return nil, err
+	}
 	return m, nil
 }

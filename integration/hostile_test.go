@@ -488,16 +488,20 @@ func TestHostileMessageSizes(t *testing.T) {
 	third := make([]byte, 3584<<10)
 	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: third}, {Data: third}, {Data: third}}})
 	hostileAssertStatus(t, "10.5 MiB request", err, codes.InvalidArgument, "the request is larger than 10485760 bytes")
-	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: make([]byte, 8<<20-16<<10+1)}}})
-	hostileAssertStatus(t, "a message over max_payload", err, codes.InvalidArgument, "exceeds the server's limit of 8372224")
+	// 8 MiB of max_payload, less 512 bytes kept for the identity headers.
+	const limit = "exceeds the server's limit of 8388096 bytes"
+	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: make([]byte, 8<<20-400)}}})
+	hostileAssertStatus(t, "a message over max_payload", err, codes.InvalidArgument, limit)
 	// Data within the limit, but attributes that take three bytes a byte
-	// in headers push the whole message over max_payload.
+	// in headers push the whole message over max_payload. The request's
+	// first message is fine, and is not stored either.
 	escaped := map[string]string{}
 	for i := range 20 {
 		escaped[fmt.Sprint("a", i)] = strings.Repeat("\x01", 1024)
 	}
-	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: make([]byte, 8<<20-16<<10), Attributes: escaped, OrderingKey: "big"}}})
-	hostileAssertStatus(t, "data and headers over max_payload", err, codes.InvalidArgument, "nats: maximum payload exceeded")
+	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{
+		{Data: []byte("fine"), OrderingKey: "big"}, {Data: make([]byte, 8<<20-16<<10), Attributes: escaped, OrderingKey: "big"}}})
+	hostileAssertStatus(t, "data and headers over max_payload", err, codes.InvalidArgument, "messages[1]: invalid message: message of ")
 	req, err := http.NewRequest(http.MethodPost, "http://"+sc.at.HTTP+"/v1/projects/"+project+"/topics/hostile/events", bytes.NewReader(make([]byte, 8<<20-16<<10)))
 	if err != nil {
 		t.Fatal(err)
@@ -508,7 +512,7 @@ func TestHostileMessageSizes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if msg := injErrorMessage(t, resp); resp.StatusCode != http.StatusBadRequest || !strings.Contains(msg, "nats: maximum payload exceeded") {
+	if msg := injErrorMessage(t, resp); resp.StatusCode != http.StatusBadRequest || !strings.Contains(msg, limit) {
 		t.Errorf("HTTP event with data and headers over max_payload: %d %q", resp.StatusCode, msg)
 	}
 	resp.Body.Close()
