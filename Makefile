@@ -1,7 +1,7 @@
 # jetorder: ordering keys on NATS JetStream.
 GO ?= go
 
-.PHONY: run test bench fuzz build
+.PHONY: run test bench soak fuzz build
 
 ## run: start the sidecar with its embedded NATS server (data in ./data)
 run:
@@ -15,6 +15,12 @@ test:
 ## bench: throughput, latency and memory against raw JetStream baselines
 bench:
 	$(GO) run ./bench
+
+## soak: 3 minutes of ordered publish and receive with key churn (not in CI); fails if goroutines, heap, RSS or consumers keep growing
+# Flags through SOAKFLAGS, e.g. make soak SOAKFLAGS='-duration 45s -mode library'
+SOAKFLAGS ?=
+soak:
+	$(GO) run ./soak $(SOAKFLAGS)
 
 ## fuzz: run each fuzz target for FUZZTIME (a count, e.g. 500000x, or a duration)
 # A count by default: with a duration, Go 1.26's fuzz coordinator can report
