@@ -68,15 +68,16 @@ func main() {
 	}
 	dir, err := os.MkdirTemp("", "jetorder-soak-")
 	check(err)
-	defer os.RemoveAll(dir)
-
 	var t *target
 	if *mode == "sidecar" {
 		t, err = startSidecar(dir, log)
 	} else {
 		t, err = startLibrary(dir, *idle, log)
 	}
-	check(err)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		check(err)
+	}
 	shift := max(1, *active / *perKey)
 	fmt.Printf("jetorder soak: %s mode, %s, GOMAXPROCS=%d, file storage, one process (server embedded)\n",
 		*mode, runtime.Version(), runtime.GOMAXPROCS(0))
@@ -87,6 +88,7 @@ func main() {
 	s := &soak{t: t, chk: ordercheck.New(), counts: make([]int, *keySpace), next: map[string]int{}, keyLeft: -1}
 	s.run(shift)
 	t.close()
+	_ = os.RemoveAll(dir) // before os.Exit, which runs no defers
 	failures := s.verdict()
 	if len(failures) > 0 {
 		for _, f := range failures {
