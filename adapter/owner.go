@@ -61,8 +61,12 @@ type liveKey struct {
 	lastSeen time.Time // when discovery last saw the key
 	// verified is false for a consumer found at take-over, until discovery
 	// has made sure it still exists: a late delete by a dead owner cannot
-	// then leave a key without a consumer.
+	// then leave a key without a consumer. It is false again after a delete
+	// of ours whose outcome is unknown.
 	verified bool
+	// retiredUpTo is set when this owner sent a delete that may have gone
+	// through: every message of the key up to it had been acked.
+	retiredUpTo uint64
 }
 
 const (
@@ -405,6 +409,9 @@ type retireOutcome int
 const (
 	keyBusy retireOutcome = iota
 	keyGone
+	// keyMaybeGone: the delete was sent but its answer did not come (a
+	// timeout on a slow server); the consumer may be gone.
+	keyMaybeGone
 )
 
 // cleanup retires idle key consumers, a bounded number per call.
@@ -423,6 +430,7 @@ func (o *owner) cleanup(ctx context.Context) {
 		return
 	}
 	outcomes := make([]retireOutcome, len(idle))
+	lasts := make([]uint64, len(idle))
 	states := make([]liveKey, len(idle))
 	order := make([]int, len(idle))
 	for i, name := range idle {
@@ -431,11 +439,11 @@ func (o *owner) cleanup(ctx context.Context) {
 	floor := o.floor
 	_ = forEachParallel(ctx, order, cleanupWorkers, func(ctx context.Context, i int) error {
 		name := idle[i]
-		out, err := o.retire(ctx, name, states[i], floor)
+		out, last, err := o.retire(ctx, name, states[i], floor)
 		if err != nil && ctx.Err() == nil {
 			o.warn("key consumer clean-up failed; will retry", fmt.Errorf("%s: %w", name, err))
 		}
-		outcomes[i] = out
+		outcomes[i], lasts[i] = out, last
 		return nil
 	})
 	now := time.Now()
@@ -443,6 +451,12 @@ func (o *owner) cleanup(ctx context.Context) {
 		switch outcomes[i] {
 		case keyGone:
 			delete(o.live, name)
+		case keyMaybeGone:
+			// A new message of the key makes discovery create the consumer
+			// again, starting at that message; without one, the next
+			// clean-up finds it gone and knows it was ours (vanished).
+			lk := o.live[name]
+			lk.lastSeen, lk.verified, lk.retiredUpTo = now, false, lasts[i]
 		default:
 			o.live[name].lastSeen = now
 		}
@@ -451,48 +465,52 @@ func (o *owner) cleanup(ctx context.Context) {
 
 // retire removes one idle key consumer if nothing can be lost by it; see
 // the owner comment for why each step is where it is. lk is a copy: retire
-// runs beside other retires and must not touch the live map.
-func (o *owner) retire(ctx context.Context, name string, lk liveKey, floor uint64) (retireOutcome, error) {
+// runs beside other retires and must not touch the live map. With
+// keyMaybeGone it also returns the key's last sequence, all acked.
+func (o *owner) retire(ctx context.Context, name string, lk liveKey, floor uint64) (retireOutcome, uint64, error) {
 	cctx, cancel, err := o.lease.opContext(ctx)
 	if err != nil {
-		return keyBusy, err
+		return keyBusy, 0, err
 	}
 	defer cancel()
 	info, err := o.consumerInfo(cctx, name)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return o.vanished(ctx, name, lk)
+		out, err := o.vanished(ctx, name, lk)
+		return out, 0, err
 	}
 	if err != nil || busy(info, lk) {
-		return keyBusy, err
+		return keyBusy, 0, err
 	}
 	subject := info.Config.FilterSubject
 	pauseFor := 2 * o.c.cfg.apiTimeout
 	if _, err := o.c.js.PauseConsumer(cctx, o.rec.stream(), name, time.Now().Add(pauseFor)); err != nil {
-		return keyBusy, err
+		return keyBusy, 0, err
 	}
 	resume := func() { o.resume(name) }
 	last, err := o.lastSeq(cctx, subject)
 	if err != nil {
 		resume()
-		return keyBusy, err
+		return keyBusy, 0, err
 	}
 	info, err = o.consumerInfo(cctx, name)
 	// Paused must show in the info itself: in a cluster the pause is
 	// answered before the consumer's leader has applied it.
 	if err != nil || busy(info, lk) || !info.Paused || info.AckFloor.Stream < last || last > floor {
 		resume()
-		return keyBusy, err
+		return keyBusy, 0, err
 	}
 	if !o.lease.valid() {
 		resume()
-		return keyBusy, errLeaseLost
+		return keyBusy, 0, errLeaseLost
 	}
 	if err := o.stream.DeleteConsumer(cctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		// The server may have deleted it all the same; if not, it must
+		// not stay paused.
 		resume()
-		return keyBusy, err
+		return keyMaybeGone, last, err
 	}
 	o.c.cfg.logger.Debug("retired idle key consumer", "subscription", o.rec.ID, "consumer", name, "last", last)
-	return keyGone, nil
+	return keyGone, 0, nil
 }
 
 // resume ends the pause of a key consumer that turned out to be busy.
@@ -517,16 +535,26 @@ func (o *owner) resume(name string) {
 	o.warn("resume key consumer: server clock far ahead; its pause ends by itself", errors.New(name))
 }
 
-// vanished handles a key consumer that disappeared without this owner
-// removing it (deleted by hand, or lost with a server's memory). Its
-// unacked messages must not be lost: it is created again from where this
-// ownership's discovery started, at the price of redelivering what it had
-// acked since.
+// vanished handles a key consumer that is gone although clean-up has not
+// retired it: a delete of ours whose answer was lost, or one by hand, or a
+// consumer lost with a server's memory. Its unacked messages must not be
+// lost: it is created again from where this ownership's discovery started,
+// at the price of redelivering what it had acked since; or, after a delete
+// of ours, from the first message after those it had acked.
 func (o *owner) vanished(ctx context.Context, name string, lk liveKey) (retireOutcome, error) {
 	if lk.subject == "" {
 		// Never seen by this owner's discovery: it had no messages above
 		// the floor this ownership started from.
 		return keyGone, nil
+	}
+	if lk.retiredUpTo > 0 {
+		if lk.lastSeq <= lk.retiredUpTo {
+			o.c.cfg.logger.Debug("retired idle key consumer (its delete's answer was lost)", "subscription", o.rec.ID, "consumer", name)
+			return keyGone, nil
+		}
+		o.c.cfg.logger.Info("key consumer retired while its key had a new message; recreating it after the acked ones",
+			"subscription", o.rec.ID, "consumer", name, "start", lk.retiredUpTo+1)
+		return keyBusy, o.createKeyConsumer(ctx, name, lk.subject, lk.retiredUpTo+1)
 	}
 	o.warn("key consumer vanished; recreating it from the discovery start", errors.New(name))
 	if err := o.createKeyConsumer(ctx, name, lk.subject, o.startFloor+1); err != nil {
