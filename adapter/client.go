@@ -128,13 +128,23 @@ func WithPublishAckTimeout(d time.Duration) Option {
 }
 
 // NewClient returns a client for project over nc, which must have JetStream
-// available. It does no I/O; buckets are created on first use.
+// available and must not buffer publishes while reconnecting (connect with
+// nats.ReconnectBufSize(-1), or without reconnects). It does no I/O;
+// buckets are created on first use.
 func NewClient(nc *nats.Conn, project string, opts ...Option) (*Client, error) {
 	if nc == nil {
 		return nil, fmt.Errorf("%w: nil *nats.Conn", ErrInvalidConfig)
 	}
 	if err := keyrouter.ValidateProjectID(project); err != nil {
 		return nil, err
+	}
+	if nc.Opts.AllowReconnect && nc.Opts.ReconnectBufSize >= 0 {
+		// While reconnecting, nats.go buffers publishes and sends them
+		// after the reconnect, but what was written just before the drop
+		// may be lost with the socket: a key's later messages would be
+		// stored without its earlier ones. Unbuffered, they fail instead,
+		// and their key pauses.
+		return nil, fmt.Errorf("%w: the connection buffers publishes while reconnecting, which can store a key's messages out of order; connect with nats.ReconnectBufSize(-1)", ErrInvalidConfig)
 	}
 	cfg := clientConfig{
 		logger:       slog.New(slog.DiscardHandler),

@@ -22,7 +22,7 @@ func Example() {
 	}
 	defer srv.Shutdown()
 
-	nc, err := nats.Connect(srv.ClientURL())
+	nc, err := nats.Connect(srv.ClientURL(), nats.ReconnectBufSize(-1))
 	if err != nil {
 		panic(err)
 	}

@@ -61,7 +61,7 @@ func main() {
 	srv, err := embedded.Start(embedded.Config{StoreDir: dir})
 	check(err)
 	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
+	nc, err := nats.Connect(srv.ClientURL(), nats.ReconnectBufSize(-1))
 	check(err)
 	defer nc.Close()
 	js, err := jetstream.New(nc)

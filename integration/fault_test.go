@@ -27,13 +27,8 @@ import (
 // run against a server, or a cluster node, that is stopped and started
 // again under load. Publishers do what an application does with a failed
 // publish: resume the key and publish the failed messages again, in order.
-// Every delivery goes through the ordering checker.
-//
-// The publish rates keep most publish batches at one message. A batch of
-// several messages of one key cut by a reconnect can store a later message
-// without an earlier one (the later one goes out from nats.go's reconnect
-// buffer after the reconnect, the earlier one was lost with the socket);
-// these tests would report that as an ordering violation.
+// Every delivery goes through the ordering checker. (Batches of many
+// messages of a key cut by a restart: TestFaultReconnectMidBatch.)
 
 // fltMsg names one message: its key and its index within the key.
 type fltMsg struct {
@@ -425,7 +420,7 @@ func (l *fltLoad) logStall(t *testing.T) {
 // test chooses which node a client starts on, reconnecting forever.
 func fltConnect(t *testing.T, urls string) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(urls, nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := nats.Connect(urls, nats.ReconnectBufSize(-1), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatalf("connect %s: %v", urls, err)
 	}

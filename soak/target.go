@@ -179,7 +179,7 @@ func startLibrary(dir string, idle time.Duration, log *slog.Logger) (*target, er
 	if err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect(srv.ClientURL())
+	nc, err := nats.Connect(srv.ClientURL(), nats.ReconnectBufSize(-1))
 	if err != nil {
 		srv.Shutdown()
 		return nil, err

@@ -238,6 +238,7 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 	opts := []nats.Option{
 		nats.Name("jetorder-sidecar"),
 		nats.MaxReconnects(-1),
+		nats.ReconnectBufSize(-1), // the adapter requires it: see adapter.NewClient
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil { // nil: our own close at shutdown
 				log.Warn("NATS disconnected", "err", err)
