@@ -1,10 +1,8 @@
 package adapter
 
 import (
-	"bytes"
 	"fmt"
 	"maps"
-	"net/textproto"
 	"reflect"
 	"slices"
 	"strconv"
@@ -15,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 
+	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -54,7 +53,7 @@ func FuzzReadMetadata(f *testing.F) {
 		id := writeIdentity(h, senderID, seq)
 		writeSendTime(h, formatTime(sent))
 
-		wire := natsWire(t, h)
+		wire := testutil.NATSWire(t, h)
 		var out Message
 		readHeaders(wire, &out)
 		want := Message{
@@ -105,32 +104,6 @@ func publishable(in *Message) bool {
 }
 
 func utcMicros(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
-
-// natsWire sends h through the NATS header wire format: every name must
-// be a token and every value must survive nats.go's writer (which trims
-// spaces and replaces line breaks) unchanged.
-func natsWire(t *testing.T, h nats.Header) nats.Header {
-	t.Helper()
-	var b bytes.Buffer
-	b.WriteString("NATS/1.0\r\n")
-	for name, vals := range h {
-		if name == "" || strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r >= 0x7f || r == ':' }) {
-			t.Fatalf("header name %q is not a token", name)
-		}
-		for _, v := range vals {
-			if v != textproto.TrimString(v) || strings.ContainsAny(v, "\r\n") {
-				t.Fatalf("header %s value %q would be changed by the wire", name, v)
-			}
-			b.WriteString(name + ": " + v + "\r\n")
-		}
-	}
-	b.WriteString("\r\n")
-	back, err := nats.DecodeHeadersMsg(b.Bytes())
-	if err != nil {
-		t.Fatalf("headers %v do not decode: %v", h, err)
-	}
-	return back
-}
 
 func metadataFields(m *Message) map[string]any {
 	return map[string]any{

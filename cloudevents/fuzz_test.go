@@ -1,16 +1,12 @@
 package cloudevents
 
 import (
-	"bytes"
 	"errors"
-	"net/textproto"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/testutil"
 )
 
 // FuzzDecode checks the CloudEvents NATS binding both ways:
@@ -59,7 +55,7 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
-		h := natsWire(t, m.Header)
+		h := testutil.NATSWire(t, m.Header)
 		got, err := Decode(&adapter.Message{Header: h, Data: m.Data, StreamSequence: 7})
 		if err != nil {
 			t.Fatalf("encoded event does not decode: %v\nheaders %v\ndata %q", err, m.Header, m.Data)
@@ -95,7 +91,7 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("decoded event %v does not encode again: %v", dec, err)
 		}
-		back, err := Decode(&adapter.Message{Header: natsWire(t, again.Header), Data: again.Data, StreamSequence: 11})
+		back, err := Decode(&adapter.Message{Header: testutil.NATSWire(t, again.Header), Data: again.Data, StreamSequence: 11})
 		if err != nil {
 			t.Fatalf("re-encoded event does not decode: %v", err)
 		}
@@ -105,30 +101,4 @@ func FuzzDecode(f *testing.F) {
 		}
 		sameEvent(t, *back, wantBack)
 	})
-}
-
-// natsWire sends h through the NATS header wire format: every name must be
-// a token and every value must survive nats.go's writer (which trims
-// spaces and replaces line breaks) unchanged.
-func natsWire(t *testing.T, h nats.Header) nats.Header {
-	t.Helper()
-	var b bytes.Buffer
-	b.WriteString("NATS/1.0\r\n")
-	for name, vals := range h {
-		if name == "" || strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r >= 0x7f || r == ':' }) {
-			t.Fatalf("header name %q is not a token", name)
-		}
-		for _, v := range vals {
-			if v != textproto.TrimString(v) || strings.ContainsAny(v, "\r\n") {
-				t.Fatalf("header %s value %q would be changed by the wire", name, v)
-			}
-			b.WriteString(name + ": " + v + "\r\n")
-		}
-	}
-	b.WriteString("\r\n")
-	back, err := nats.DecodeHeadersMsg(b.Bytes())
-	if err != nil {
-		t.Fatalf("headers %v do not decode: %v", h, err)
-	}
-	return back
 }
