@@ -181,6 +181,11 @@ func decode(h nats.Header, data []byte) (*event.Event, error) {
 }
 
 func decodeStructured(data []byte) (*event.Event, error) {
+	// JSON text is UTF-8 (RFC 8259); sdk-go would keep invalid bytes in
+	// string attributes, making an event that cannot be encoded again.
+	if !utf8.Valid(data) {
+		return nil, invalid("structured payload is not valid UTF-8")
+	}
 	e := event.New()
 	if err := json.Unmarshal(data, &e); err != nil {
 		return nil, invalid("structured payload is not a JSON event: %v", err)
