@@ -37,44 +37,37 @@ func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.CreateTopicWithConfig(ctx, id, cfg); err != nil {
+	created, err := c.CreateTopicWithConfig(ctx, id, cfg)
+	if err != nil {
 		return nil, toStatus(err)
 	}
-	return topicProto(project, id, *cfg), nil
+	return topicProto(created, *cfg), nil
 }
 
-func topicProto(project, id string, cfg adapter.TopicConfig) *pb.Topic {
-	t := &pb.Topic{Name: topicName(project, id), State: pb.Topic_ACTIVE}
+func topicProto(t *adapter.Topic, cfg adapter.TopicConfig) *pb.Topic {
+	out := &pb.Topic{Name: t.String(), State: pb.Topic_ACTIVE}
 	if cfg.RetentionDuration > 0 {
-		t.MessageRetentionDuration = durationpb.New(cfg.RetentionDuration)
+		out.MessageRetentionDuration = durationpb.New(cfg.RetentionDuration)
 	}
-	return t
+	return out
 }
 
 // GetTopic returns a topic's configuration.
 func (s *Server) GetTopic(ctx context.Context, req *pb.GetTopicRequest) (*pb.Topic, error) {
-	project, id, err := parseTopic(req.GetTopic())
+	t, err := s.topicOf(req.GetTopic())
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.client(project)
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := c.Topic(id).Config(ctx)
+	cfg, err := t.Config(ctx)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return topicProto(project, id, cfg), nil
+	return topicProto(t, cfg), nil
 }
 
 // ListTopics lists a project's topics, sorted by name.
 func (s *Server) ListTopics(ctx context.Context, req *pb.ListTopicsRequest) (*pb.ListTopicsResponse, error) {
-	project, err := parseProject(req.GetProject())
-	if err != nil {
-		return nil, err
-	}
-	c, err := s.client(project)
+	c, err := s.clientOf(req.GetProject())
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +85,7 @@ func (s *Server) ListTopics(ctx context.Context, req *pb.ListTopicsRequest) (*pb
 		if err != nil {
 			continue // deleted meanwhile
 		}
-		resp.Topics = append(resp.Topics, topicProto(project, t.ID(), cfg))
+		resp.Topics = append(resp.Topics, topicProto(t, cfg))
 	}
 	return resp, nil
 }

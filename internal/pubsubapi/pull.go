@@ -360,8 +360,7 @@ func (s *Server) ModifyAckDeadline(ctx context.Context, req *pb.ModifyAckDeadlin
 // running dispatcher no lease of the subscription is out, and there is
 // nothing to do, unless the subscription does not exist: NOT_FOUND.
 func (s *Server) forLeases(ctx context.Context, sub string, ackIDs []string, f func(d *dispatcher, id uint64)) error {
-	project, id, err := parseSubscription(sub)
-	if err != nil {
+	if _, _, err := parseSubscription(sub); err != nil {
 		return err
 	}
 	if len(ackIDs) == 0 {
@@ -375,11 +374,11 @@ func (s *Server) forLeases(ctx context.Context, sub string, ackIDs []string, f f
 	d := s.dispatchers[sub]
 	s.mu.Unlock()
 	if d == nil {
-		c, err := s.client(project)
+		handle, err := s.subscriptionOf(sub)
 		if err != nil {
 			return err
 		}
-		ok, err := c.Subscription(id).Exists(ctx)
+		ok, err := handle.Exists(ctx)
 		if err != nil {
 			return toStatus(err)
 		}

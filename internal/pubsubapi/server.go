@@ -151,6 +151,41 @@ func (s *Server) maxDeliveryAttempt() int {
 	return n
 }
 
+// clientOf, topicOf and subscriptionOf resolve a resource name (of a
+// project, topic or subscription) to a handle of its project's client;
+// errors are statuses.
+func (s *Server) clientOf(projectName string) (*adapter.Client, error) {
+	project, err := parseProject(projectName)
+	if err != nil {
+		return nil, err
+	}
+	return s.client(project)
+}
+
+func (s *Server) topicOf(name string) (*adapter.Topic, error) {
+	project, id, err := parseTopic(name)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.client(project)
+	if err != nil {
+		return nil, err
+	}
+	return c.Topic(id), nil
+}
+
+func (s *Server) subscriptionOf(name string) (*adapter.Subscription, error) {
+	project, id, err := parseSubscription(name)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.client(project)
+	if err != nil {
+		return nil, err
+	}
+	return c.Subscription(id), nil
+}
+
 // client is the broker's adapter client of project, errors as statuses.
 func (s *Server) client(project string) (*adapter.Client, error) {
 	c, err := s.b.Client(project)
@@ -194,8 +229,6 @@ func parseTopic(name string) (project, topic string, err error) { return parseNa
 func parseSubscription(name string) (project, sub string, err error) {
 	return parseName(name, "subscriptions")
 }
-
-func topicName(project, topic string) string { return "projects/" + project + "/topics/" + topic }
 
 func subscriptionName(project, sub string) string {
 	return "projects/" + project + "/subscriptions/" + sub

@@ -70,15 +70,11 @@ func (s *Server) deadLetterPolicy(p *pb.DeadLetterPolicy) (*adapter.DeadLetterPo
 	if p.GetDeadLetterTopic() == "" {
 		return nil, nil
 	}
-	project, id, err := parseTopic(p.GetDeadLetterTopic())
+	t, err := s.topicOf(p.GetDeadLetterTopic())
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.client(project)
-	if err != nil {
-		return nil, err
-	}
-	return &adapter.DeadLetterPolicy{Topic: c.Topic(id), MaxDeliveryAttempts: int(p.GetMaxDeliveryAttempts())}, nil
+	return &adapter.DeadLetterPolicy{Topic: t, MaxDeliveryAttempts: int(p.GetMaxDeliveryAttempts())}, nil
 }
 
 func (s *Server) subscriptionProto(ctx context.Context, sub *adapter.Subscription) (*pb.Subscription, error) {
@@ -102,21 +98,17 @@ func (s *Server) subscriptionProto(ctx context.Context, sub *adapter.Subscriptio
 
 // GetSubscription returns a subscription's configuration.
 func (s *Server) GetSubscription(ctx context.Context, req *pb.GetSubscriptionRequest) (*pb.Subscription, error) {
-	project, id, err := parseSubscription(req.GetSubscription())
+	sub, err := s.subscriptionOf(req.GetSubscription())
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.client(project)
-	if err != nil {
-		return nil, err
-	}
-	return s.subscriptionProto(ctx, c.Subscription(id))
+	return s.subscriptionProto(ctx, sub)
 }
 
 // UpdateSubscription changes labels and the dead-letter policy. Message
 // ordering cannot change; other fields are not supported.
 func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscriptionRequest) (*pb.Subscription, error) {
-	project, id, err := parseSubscription(req.GetSubscription().GetName())
+	sub, err := s.subscriptionOf(req.GetSubscription().GetName())
 	if err != nil {
 		return nil, err
 	}
@@ -145,11 +137,6 @@ func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscript
 			return nil, invalid("update %s: updating %q is not supported (labels and dead_letter_policy are)", req.GetSubscription().GetName(), p)
 		}
 	}
-	c, err := s.client(project)
-	if err != nil {
-		return nil, err
-	}
-	sub := c.Subscription(id)
 	if _, err := sub.Update(ctx, u); err != nil {
 		return nil, toStatus(err)
 	}
@@ -158,11 +145,7 @@ func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscript
 
 // ListSubscriptions lists a project's subscriptions, sorted by name.
 func (s *Server) ListSubscriptions(ctx context.Context, req *pb.ListSubscriptionsRequest) (*pb.ListSubscriptionsResponse, error) {
-	project, err := parseProject(req.GetProject())
-	if err != nil {
-		return nil, err
-	}
-	c, err := s.client(project)
+	c, err := s.clientOf(req.GetProject())
 	if err != nil {
 		return nil, err
 	}
@@ -188,15 +171,11 @@ func (s *Server) ListSubscriptions(ctx context.Context, req *pb.ListSubscription
 // DeleteSubscription deletes a subscription; its unacked messages go with
 // it and its streams end with NOT_FOUND.
 func (s *Server) DeleteSubscription(ctx context.Context, req *pb.DeleteSubscriptionRequest) (*emptypb.Empty, error) {
-	project, id, err := parseSubscription(req.GetSubscription())
+	sub, err := s.subscriptionOf(req.GetSubscription())
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.client(project)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.Subscription(id).Delete(ctx); err != nil {
+	if err := sub.Delete(ctx); err != nil {
 		return nil, toStatus(err)
 	}
 	return &emptypb.Empty{}, nil
