@@ -112,37 +112,20 @@ func TestFaultSidecarSIGKILL(t *testing.T) {
 	}
 }
 
-var (
-	killBuildOnce sync.Once
-	killBinary    string
-	killBuildErr  error
-)
-
-// killBuildSidecar builds cmd/sidecar with the race detector (the test's
-// own packages are built so already, so only linking is new work).
+// killBuildSidecar builds cmd/sidecar with the race detector into a temp
+// dir (the test's own packages are built so already, so only linking is
+// new work).
 func killBuildSidecar(t *testing.T) string {
 	t.Helper()
-	killBuildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "jetorder-sidecar-bin")
-		if err != nil {
-			killBuildErr = err
-			return
-		}
-		goBin, err := exec.LookPath("go")
-		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
-		killBinary = filepath.Join(dir, "sidecar")
-		out, err := exec.Command(goBin, "build", "-race", "-o", killBinary, "../cmd/sidecar").CombinedOutput()
-		if err != nil {
-			killBuildErr = fmt.Errorf("go build ./cmd/sidecar: %v\n%s", err, out)
-		}
-	})
-	if killBuildErr != nil {
-		t.Fatal(killBuildErr)
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(killBinary)) })
-	return killBinary
+	bin := filepath.Join(t.TempDir(), "sidecar")
+	if out, err := exec.Command(goBin, "build", "-race", "-o", bin, "../cmd/sidecar").CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/sidecar: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // killProc is the sidecar binary running as a child process.
