@@ -30,6 +30,9 @@ type ReceiveSettings struct {
 	// subscription's dead-letter topic (and terminated here), for metrics or
 	// logs. It must not block.
 	OnDeadLetter func(*Message)
+	// Stats, if set, is kept up to date with the partitions this Receive
+	// owns (partitioned subscriptions only).
+	Stats *ReceiveStats
 }
 
 // DefaultReceiveSettings are the settings a new Subscription handle has.
@@ -61,6 +64,8 @@ type heldKey struct {
 type delivery struct {
 	r          *receiver
 	key        heldKey
+	part       *partition // nil unless partitioned and keyed
+	subject    string
 	reply      string
 	msg        *Message
 	arrived    time.Time
@@ -72,17 +77,29 @@ type delivery struct {
 // wins, later ones do nothing.
 func (d *delivery) finish(kind ackKind) {
 	d.once.Do(func() {
-		d.r.release(d)
-		if err := d.r.c.nc.Publish(d.reply, ackPayload[kind]); err != nil {
+		if d.part == nil {
+			d.r.release(d, false)
+		}
+		err := d.r.c.nc.Publish(d.reply, ackPayload[kind])
+		if err != nil {
 			d.r.c.cfg.logger.Warn("ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)
 		}
+		if d.part == nil {
+			return
+		}
+		if err == nil && (kind == ackAck || kind == ackTerm) {
+			// The key's next message starts once the server has this ack.
+			d.r.confirmLater(d)
+			return
+		}
+		d.r.release(d, false)
 	})
 }
 
 // abandon stops extending the deadline of a message whose handler returned
 // without acking it: it is redelivered when its deadline passes, unless the
 // application acks it first.
-func (d *delivery) abandon() { d.r.release(d) }
+func (d *delivery) abandon() { d.r.release(d, false) }
 
 // receiver runs one Receive call.
 type receiver struct {
@@ -97,6 +114,12 @@ type receiver struct {
 	deadLetter  atomic.Pointer[deadLetterRecord]
 	deadTopics  map[string]*Topic // dead-letter topic handles, by full name
 	deadTopicMu sync.Mutex
+
+	partitions []*partition // partitioned subscriptions only; fixed once running
+
+	confirmMu   sync.Mutex
+	confirmQ    []*delivery // acked, waiting for the server to have the ack
+	confirmWake chan struct{}
 
 	hctx    context.Context // handlers' context, cancelled when Receive ends
 	slots   chan struct{}
@@ -163,6 +186,8 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 		slots:    make(chan struct{}, settings.MaxOutstandingMessages),
 		wake:     make(chan struct{}, 1),
 		stopped:  make(chan struct{}),
+
+		confirmWake: make(chan struct{}, 1),
 		held:     make(map[heldKey]*delivery),
 		fatalSet: make(chan struct{}),
 	}
@@ -182,6 +207,10 @@ func (c *Client) checkTopic(ctx context.Context, rec *subRecord) error {
 	}
 	if !info.CachedInfo().Created.Equal(rec.StreamCreated) {
 		return fmt.Errorf("%w: projects/%s/topics/%s was deleted and created again", ErrTopicDeleted, rec.TopicProject, rec.Topic)
+	}
+	if v := info.CachedInfo().Config.Metadata[metaLayout]; v != subjectLayout {
+		return fmt.Errorf("%w: projects/%s/topics/%s has subject layout %q, this version reads %q; create the topic again",
+			ErrInvalidConfig, rec.TopicProject, rec.Topic, v, subjectLayout)
 	}
 	return nil
 }
@@ -209,7 +238,18 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	r.loops.Add(2)
 	go r.dispatch()
 	go r.supervise(bg)
-	if r.rec.Ordering {
+	var partitions []jetstream.ConsumeContext
+	switch {
+	case r.rec.partitioned():
+		sctx, cancel := r.c.withTimeout(ctx)
+		partitions, err = r.startPartitions(sctx)
+		cancel()
+		if err != nil {
+			r.fail(fmt.Errorf("receive %s: %w", r.sub, err))
+		}
+		r.loops.Add(1)
+		go r.confirmAcks()
+	case r.rec.Ordering:
 		r.loops.Add(1)
 		go newOwner(r).run(bg)
 	}
@@ -235,6 +275,16 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 		}
 	}
 	_ = sub.Unsubscribe()
+	// Drain, as above: what the client buffered is handed back now.
+	for _, cc := range partitions {
+		cc.Drain()
+	}
+	for _, cc := range partitions {
+		select {
+		case <-cc.Closed():
+		case <-time.After(r.c.cfg.apiTimeout):
+		}
+	}
 	close(r.stopped)
 	stopBackground()
 	r.loops.Wait()
@@ -263,6 +313,7 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	for _, d := range left {
 		d.finish(ackNak)
 	}
+	r.unpin()
 	if r.fatal != nil && errors.Is(r.fatal, ErrSubscriptionNotFound) {
 		// An owner may have created a key consumer after the subscription's
 		// consumers were removed; remove it too, unless a subscription of
@@ -286,25 +337,43 @@ func (r *receiver) fail(err error) {
 	}
 }
 
+// arrival is one delivered message, from a push or a pull consumer.
+type arrival struct {
+	subject, reply string
+	header         nats.Header
+	data           []byte
+	consumer       string
+	seq, attempt   uint64
+	published      time.Time
+	pin            string // the pin id of a partition's term
+}
+
 // onMsg runs on the subscription's delivery goroutine for every pushed
-// message: it only records the message and queues it.
+// message.
 func (r *receiver) onMsg(m *nats.Msg) {
 	meta, err := m.Metadata()
 	if err != nil {
 		return // not a JetStream delivery (nothing else is sent here)
 	}
-	k := heldKey{consumer: meta.Consumer, seq: meta.Sequence.Stream}
+	r.deliver(nil, arrival{subject: m.Subject, reply: m.Reply, header: m.Header, data: m.Data,
+		consumer: meta.Consumer, seq: meta.Sequence.Stream, attempt: meta.NumDelivered, published: meta.Timestamp})
+}
+
+// deliver records a delivered message and queues it; p is its partition
+// (nil for push consumers).
+func (r *receiver) deliver(p *partition, a arrival) {
+	k := heldKey{consumer: a.consumer, seq: a.seq}
 	now := time.Now()
 	msg := &Message{
-		Data:            m.Data,
-		Header:          m.Header,
-		PublishTime:     meta.Timestamp,
-		StreamSequence:  meta.Sequence.Stream,
-		DeliveryAttempt: int(meta.NumDelivered),
+		Data:            a.data,
+		Header:          a.header,
+		PublishTime:     a.published,
+		StreamSequence:  a.seq,
+		DeliveryAttempt: int(a.attempt),
 		ReceiveTime:     now.UTC(),
 	}
-	readHeaders(m.Header, msg)
-	d := &delivery{r: r, key: k, reply: m.Reply, msg: msg, arrived: now, lastExtend: now}
+	readHeaders(a.header, msg)
+	d := &delivery{r: r, key: k, part: p, subject: a.subject, reply: a.reply, msg: msg, arrived: now, lastExtend: now}
 	msg.d = d
 
 	r.mu.Lock()
@@ -317,37 +386,107 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	}
 	if r.stopping {
 		r.mu.Unlock()
-		_ = r.c.nc.Publish(m.Reply, ackPayload[ackNak])
+		_ = r.c.nc.Publish(a.reply, ackPayload[ackNak])
 		return
 	}
 	r.held[k] = d
-	if len(r.queue) == 0 {
-		// Fast path: a free handler slot and nobody waiting ahead; start
-		// the handler here rather than through the dispatcher.
+	var start []*delivery
+	if p != nil {
+		start = p.addLocked(d, a.pin)
+	} else {
+		start = []*delivery{d}
+	}
+	now2, queued := r.launchLocked(start)
+	r.mu.Unlock()
+	r.afterLaunch(now2, queued)
+}
+
+// launchLocked hands ds to handlers: those it can start at once (a free
+// handler slot and nobody waiting ahead) it returns, the rest it queues for
+// the dispatcher. The caller starts them with afterLaunch once it has
+// unlocked r.mu.
+func (r *receiver) launchLocked(ds []*delivery) (now []*delivery, queued bool) {
+	for _, d := range ds {
+		if len(r.queue) == 0 {
+			select {
+			case r.slots <- struct{}{}:
+				r.workers.Add(1)
+				now = append(now, d)
+				continue
+			default:
+			}
+		}
+		r.queue = append(r.queue, d)
+		queued = true
+	}
+	return now, queued
+}
+
+func (r *receiver) afterLaunch(now []*delivery, queued bool) {
+	for _, d := range now {
+		go r.handle(d)
+	}
+	if queued {
 		select {
-		case r.slots <- struct{}{}:
-			r.workers.Add(1)
-			r.mu.Unlock()
-			go r.handle(d)
-			return
+		case r.wake <- struct{}{}:
 		default:
 		}
 	}
-	r.queue = append(r.queue, d)
+}
+
+// release forgets d: its deadline is no longer extended. settled says the
+// server has its ack, for the gate of a partitioned key.
+func (r *receiver) release(d *delivery, settled bool) {
+	r.mu.Lock()
+	var start []*delivery
+	if r.held[d.key] == d {
+		delete(r.held, d.key)
+		if d.part != nil {
+			start = d.part.releaseLocked(d, settled)
+		}
+	} else if settled && d.part != nil {
+		start = d.part.settledLateLocked(d)
+	}
+	now, queued := r.launchLocked(start)
 	r.mu.Unlock()
+	r.afterLaunch(now, queued)
+}
+
+// confirmLater releases d once a round trip to the server shows the server
+// has its ack.
+func (r *receiver) confirmLater(d *delivery) {
+	r.confirmMu.Lock()
+	r.confirmQ = append(r.confirmQ, d)
+	r.confirmMu.Unlock()
 	select {
-	case r.wake <- struct{}{}:
+	case r.confirmWake <- struct{}{}:
 	default:
 	}
 }
 
-// release forgets d: its deadline is no longer extended.
-func (r *receiver) release(d *delivery) {
-	r.mu.Lock()
-	if r.held[d.key] == d {
-		delete(r.held, d.key)
+// confirmAcks confirms acks in groups: one flush (a PING the server answers
+// after everything sent before it) for all the acks sent meanwhile.
+func (r *receiver) confirmAcks() {
+	defer r.loops.Done()
+	var batch []*delivery
+	for {
+		select {
+		case <-r.confirmWake:
+		case <-r.stopped:
+			return
+		}
+		r.confirmMu.Lock()
+		batch, r.confirmQ = r.confirmQ, batch[:0]
+		r.confirmMu.Unlock()
+		err := r.c.nc.FlushTimeout(r.c.cfg.apiTimeout)
+		if err != nil {
+			r.c.cfg.logger.Warn("acks not confirmed; their keys wait for redelivery", "subscription", r.sub.id, "messages", len(batch), "err", err)
+		}
+		for i, d := range batch {
+			r.release(d, err == nil)
+			batch[i] = nil
+		}
 	}
-	r.mu.Unlock()
 }
 
 // dispatch hands queued messages to handlers, at most
@@ -522,6 +661,9 @@ func (r *receiver) supervise(ctx context.Context) {
 		}
 		if err == nil {
 			err = r.c.checkTopic(cctx, r.rec)
+		}
+		if err == nil && r.rec.partitioned() {
+			r.checkAwaiting(cctx)
 		}
 		cancel()
 		if errors.Is(err, ErrSubscriptionNotFound) || errors.Is(err, ErrTopicDeleted) || errors.Is(err, ErrClosed) {

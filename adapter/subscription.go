@@ -40,6 +40,20 @@ type SubscriptionConfig struct {
 	// EnableMessageOrdering delivers messages with the same ordering key one
 	// at a time, in publish order. It cannot be changed after creation.
 	EnableMessageOrdering bool
+	// Delivery chooses how an ordered subscription holds each key to one
+	// message in flight: DeliveryPerKey (the default) or
+	// DeliveryPartitioned. It cannot be changed after creation, and only
+	// applies with EnableMessageOrdering.
+	Delivery DeliveryMode
+	// Partitions is a partitioned subscription's partition count: 1, 2, 4,
+	// 8, 16, 32 or 64; 0 means 8. Each partition is owned by one receiving
+	// process at a time.
+	Partitions int
+	// PartitionBuffer bounds the unacked messages of one partition, those
+	// in handlers and those waiting behind an earlier message of their key:
+	// 1..100000, 0 means 1000. A key that never acks holds back the rest of
+	// its partition once the buffer is full.
+	PartitionBuffer int
 	// StartTime, when set, starts the subscription at the first message its
 	// topic stored at or after that time (JetStream start-by-time), to
 	// replay what was recorded since; zero starts with the next message
@@ -51,6 +65,63 @@ type SubscriptionConfig struct {
 	DeadLetterPolicy *DeadLetterPolicy
 	// Labels are the application's own key/value pairs.
 	Labels map[string]string
+}
+
+// DeliveryMode is how an ordered subscription delivers keyed messages.
+type DeliveryMode string
+
+const (
+	// DeliveryPerKey gives every active key its own JetStream consumer with
+	// MaxAckPending 1, created when the key has messages and removed when
+	// it is idle. JetStream itself holds each key to one message in flight,
+	// for every receiving process. Best for up to a few thousand active
+	// keys.
+	DeliveryPerKey DeliveryMode = "per-key"
+	// DeliveryPartitioned spreads keys over a fixed number of partitions,
+	// each one consumer pinned to one receiving process (a JetStream
+	// priority group), which holds each key to one message in flight
+	// itself. No consumer is created per key, so it suits many keys and a
+	// high rate of new ones; a key that never acks can hold back its
+	// partition once the partition's buffer is full.
+	DeliveryPartitioned DeliveryMode = "partitioned"
+)
+
+const (
+	defaultPartitions      = 8
+	defaultPartitionBuffer = 1000
+	maxPartitionBuffer     = 100_000
+)
+
+// deliveryRecord checks the delivery settings of cfg and returns what the
+// registry stores.
+func deliveryRecord(cfg *SubscriptionConfig) (mode DeliveryMode, partitions, buffer int, err error) {
+	switch cfg.Delivery {
+	case "", DeliveryPerKey:
+		if cfg.Partitions != 0 || cfg.PartitionBuffer != 0 {
+			return "", 0, 0, fmt.Errorf("%w: partitions are set but delivery is not %q", ErrInvalidConfig, DeliveryPartitioned)
+		}
+		return "", 0, 0, nil
+	case DeliveryPartitioned:
+	default:
+		return "", 0, 0, fmt.Errorf("%w: delivery %q; must be %q or %q", ErrInvalidConfig, cfg.Delivery, DeliveryPerKey, DeliveryPartitioned)
+	}
+	if !cfg.EnableMessageOrdering {
+		return "", 0, 0, fmt.Errorf("%w: %q delivery needs message ordering", ErrInvalidConfig, DeliveryPartitioned)
+	}
+	partitions, buffer = cfg.Partitions, cfg.PartitionBuffer
+	if partitions == 0 {
+		partitions = defaultPartitions
+	}
+	if partitions < 1 || partitions > keyrouter.Slots || keyrouter.Slots%partitions != 0 {
+		return "", 0, 0, fmt.Errorf("%w: %d partitions; must be 1, 2, 4, 8, 16, 32 or 64", ErrInvalidConfig, partitions)
+	}
+	if buffer == 0 {
+		buffer = defaultPartitionBuffer
+	}
+	if buffer < 1 || buffer > maxPartitionBuffer {
+		return "", 0, 0, fmt.Errorf("%w: partition buffer %d not in 1..%d", ErrInvalidConfig, buffer, maxPartitionBuffer)
+	}
+	return DeliveryPartitioned, partitions, buffer, nil
 }
 
 // DeadLetterPolicy says where messages go that cannot be delivered.
@@ -87,16 +158,20 @@ const (
 
 // subRecord is what the registry bucket stores for a subscription.
 type subRecord struct {
-	ID            string    `json:"id"`
-	Project       string    `json:"project"`
-	TopicProject  string    `json:"topic_project"`
-	Topic         string    `json:"topic"`
-	Ordering      bool      `json:"ordering"`
-	AckDeadlineMS int64     `json:"ack_deadline_ms"`
-	StartSeq      uint64    `json:"start_seq"`
-	StartTime     time.Time `json:"start_time,omitzero"`
-	StreamCreated time.Time `json:"stream_created"`
-	Created       time.Time `json:"created"`
+	ID           string `json:"id"`
+	Project      string `json:"project"`
+	TopicProject string `json:"topic_project"`
+	Topic        string `json:"topic"`
+	Ordering     bool   `json:"ordering"`
+	// Delivery is "" (per key) or "partitioned".
+	Delivery        DeliveryMode `json:"delivery,omitempty"`
+	Partitions      int          `json:"partitions,omitempty"`
+	PartitionBuffer int          `json:"partition_buffer,omitempty"`
+	AckDeadlineMS   int64        `json:"ack_deadline_ms"`
+	StartSeq        uint64       `json:"start_seq"`
+	StartTime       time.Time    `json:"start_time,omitzero"`
+	StreamCreated   time.Time    `json:"stream_created"`
+	Created         time.Time    `json:"created"`
 
 	DeadLetter *deadLetterRecord `json:"dead_letter,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty"`
@@ -136,6 +211,20 @@ func (r *subRecord) ackDeadline() time.Duration {
 }
 
 func (r *subRecord) stream() string { return keyrouter.StreamName(r.TopicProject, r.Topic) }
+
+func (r *subRecord) partitioned() bool { return r.Ordering && r.Delivery == DeliveryPartitioned }
+
+// deliveryMode is the mode Config reports: per key for every ordered
+// subscription that is not partitioned, none without ordering.
+func (r *subRecord) deliveryMode() DeliveryMode {
+	switch {
+	case r.partitioned():
+		return DeliveryPartitioned
+	case r.Ordering:
+		return DeliveryPerKey
+	}
+	return ""
+}
 
 // consumerConfig is the push consumer every consumer of the subscription
 // shares but for name, filter, start and MaxAckPending.
@@ -208,6 +297,10 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 	if err != nil {
 		return nil, err
 	}
+	mode, partitions, buffer, err := deliveryRecord(&cfg)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	info, err := cfg.Topic.info(ctx)
@@ -220,17 +313,20 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 	}
 	s := c.Subscription(id)
 	rec := &subRecord{
-		ID:            id,
-		Project:       c.project,
-		TopicProject:  cfg.Topic.project,
-		Topic:         cfg.Topic.id,
-		Ordering:      cfg.EnableMessageOrdering,
-		AckDeadlineMS: cfg.AckDeadline.Milliseconds(),
-		StartSeq:      info.State.LastSeq + 1,
-		StreamCreated: info.Created,
-		Created:       time.Now().UTC(),
-		DeadLetter:    deadLetter,
-		Labels:        maps.Clone(cfg.Labels),
+		ID:              id,
+		Project:         c.project,
+		TopicProject:    cfg.Topic.project,
+		Topic:           cfg.Topic.id,
+		Ordering:        cfg.EnableMessageOrdering,
+		Delivery:        mode,
+		Partitions:      partitions,
+		PartitionBuffer: buffer,
+		AckDeadlineMS:   cfg.AckDeadline.Milliseconds(),
+		StartSeq:        info.State.LastSeq + 1,
+		StreamCreated:   info.Created,
+		Created:         time.Now().UTC(),
+		DeadLetter:      deadLetter,
+		Labels:          maps.Clone(cfg.Labels),
 	}
 	if !cfg.StartTime.IsZero() {
 		rec.StartTime = cfg.StartTime.UTC()
@@ -269,6 +365,12 @@ func (s *Subscription) createConsumers(ctx context.Context, kv jetstream.KeyValu
 	name, filter := rec.sharedConsumer()
 	if _, err := s.c.js.CreatePushConsumer(ctx, rec.stream(), rec.consumerConfig(name, filter, rec.StartSeq, sharedMaxAckPending)); err != nil {
 		return err
+	}
+	if rec.partitioned() {
+		return forEachParallel(ctx, rec.partitionIndexes(), 16, func(ctx context.Context, i int) error {
+			_, err := s.c.js.CreateConsumer(ctx, rec.stream(), rec.partitionConsumerConfig(s.c.cfg.leaseTTL, i))
+			return err
+		})
 	}
 	if rec.Ordering {
 		// Key discovery starts right before the subscription's first message.
@@ -325,6 +427,9 @@ func (s *Subscription) Config(ctx context.Context) (SubscriptionConfig, error) {
 		Topic:                 s.c.TopicInProject(rec.Topic, rec.TopicProject),
 		AckDeadline:           rec.ackDeadline(),
 		EnableMessageOrdering: rec.Ordering,
+		Delivery:              rec.deliveryMode(),
+		Partitions:            rec.Partitions,
+		PartitionBuffer:       rec.PartitionBuffer,
 		StartTime:             rec.StartTime,
 		DeadLetterPolicy:      s.c.deadLetterPolicy(rec.DeadLetter),
 		Labels:                rec.Labels,
@@ -526,10 +631,11 @@ func (c *Client) deleteConsumers(ctx context.Context, rec *subRecord) error {
 	}
 	shared, _ := rec.sharedConsumer()
 	keyPrefix := keyrouter.KeyConsumerPrefix(rec.Project, rec.ID)
+	partPrefix := keyrouter.PartitionConsumerPrefix(rec.Project, rec.ID)
 	names := stream.ConsumerNames(ctx)
 	var mine []string
 	for name := range names.Name() {
-		if name == shared || strings.HasPrefix(name, keyPrefix) {
+		if name == shared || strings.HasPrefix(name, keyPrefix) || strings.HasPrefix(name, partPrefix) {
 			mine = append(mine, name)
 		}
 	}

@@ -20,6 +20,11 @@ const (
 	metaProject  = "jetorder.project"
 	metaTopic    = "jetorder.topic"
 	metaCreation = "jetorder.creation"
+	// metaLayout is the subject layout's version (keyrouter's doc). Version
+	// 2 put the key's slot into keyed subjects; streams without it hold
+	// version 1 subjects, which receivers cannot read.
+	metaLayout    = "jetorder.layout"
+	subjectLayout = "2"
 )
 
 // TopicConfig is a topic's configuration.
@@ -153,7 +158,7 @@ func (c *Client) CreateTopicWithConfig(ctx context.Context, id string, cfg *Topi
 		// A unique creation id makes the config differ from any existing
 		// stream's, so JetStream refuses a second create instead of treating
 		// it as an idempotent repeat.
-		Metadata: map[string]string{metaProject: c.project, metaTopic: id, metaCreation: uuid.NewString()},
+		Metadata: map[string]string{metaProject: c.project, metaTopic: id, metaCreation: uuid.NewString(), metaLayout: subjectLayout},
 	})
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):

@@ -43,7 +43,7 @@ func TestClusterR3OrderedDelivery(t *testing.T) {
 		}
 		return err == nil
 	}, "CreateTopic on the cluster: %v", func() error { return err })
-	if _, err := clients[0].CreateSubscription(ctx, "sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 2 * time.Second}); err != nil {
+	if _, err := clients[0].CreateSubscription(ctx, "sub-1", withTestDelivery(adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 2 * time.Second})); err != nil {
 		t.Fatal(err)
 	}
 	c := ordercheck.New()

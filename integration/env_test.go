@@ -63,8 +63,23 @@ func (e *env) createTopic(id string) *adapter.Topic {
 	return topic
 }
 
+// testDelivery is the delivery mode of the ordered subscriptions the
+// tests create without choosing one: JETORDER_TEST_DELIVERY=partitioned
+// runs the shared behaviour suite against partitioned delivery (make test
+// runs it both ways).
+var testDelivery = adapter.DeliveryMode(os.Getenv("JETORDER_TEST_DELIVERY"))
+
+// withTestDelivery applies testDelivery to cfg.
+func withTestDelivery(cfg adapter.SubscriptionConfig) adapter.SubscriptionConfig {
+	if cfg.EnableMessageOrdering && cfg.Delivery == "" && testDelivery != "" {
+		cfg.Delivery = testDelivery
+	}
+	return cfg
+}
+
 func (e *env) createSub(id string, cfg adapter.SubscriptionConfig) *adapter.Subscription {
 	e.t.Helper()
+	cfg = withTestDelivery(cfg)
 	sub, err := e.client.CreateSubscription(context.Background(), id, cfg)
 	if err != nil {
 		e.t.Fatalf("CreateSubscription(%s): %v", id, err)

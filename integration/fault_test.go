@@ -454,7 +454,7 @@ func TestFaultServerRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := clients[0].CreateSubscription(ctx, "sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 2 * time.Second}); err != nil {
+	if _, err := clients[0].CreateSubscription(ctx, "sub", withTestDelivery(adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 2 * time.Second})); err != nil {
 		t.Fatal(err)
 	}
 	l := newFltLoad(ctx, topic, "sub", 25, 40*time.Millisecond, 3)
@@ -543,7 +543,7 @@ func fltClusterNodeKilled(t *testing.T, leader bool) {
 		return err == nil
 	}, "CreateTopic on the cluster: %v", func() error { return err })
 	testutil.Eventually(t, 30*time.Second, func() bool {
-		_, err = admin.CreateSubscription(ctx, "sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 2 * time.Second})
+		_, err = admin.CreateSubscription(ctx, "sub", withTestDelivery(adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 2 * time.Second}))
 		if errors.Is(err, adapter.ErrSubscriptionExists) {
 			err = nil
 		}

@@ -5,7 +5,7 @@
 //
 //	stream            JO_<P>__<T>                  (hash form past 255 bytes)
 //	stream subjects   jetorder.<P>.<T>.>
-//	keyed message     jetorder.<P>.<T>.k.<token(K)>
+//	keyed message     jetorder.<P>.<T>.k.<slot(K)>.<token(K)>
 //	unkeyed message   jetorder.<P>.<T>.u
 //	consumers         <P>__<S>_u (unkeyed), <P>__<S>_k_<hash(token)> (per key),
 //	                  <P>__<S>_all (a subscription without ordering)
@@ -13,7 +13,9 @@
 //
 // <P>, <T> and <S> are the ids with every byte outside [A-Za-z0-9-] written
 // as _XX (upper-case hex), so they contain no '.', '*', '>' or '__' and the
-// layout is injective. token(K) is described at KeyToken.
+// layout is injective. token(K) is described at KeyToken; slot(K) is two
+// decimal digits, 00..63, a hash of K (see Slot) that partitioned
+// subscriptions filter on.
 package keyrouter
 
 import (
@@ -125,8 +127,48 @@ func ProjectSubjects(project string) string {
 // KeyedSubject is the subject of a message with ordering key key. key must
 // have passed ValidateOrderingKey.
 func KeyedSubject(project, topic, key string) string {
-	return topicPrefix(project, topic) + "k." + KeyToken(key)
+	return topicPrefix(project, topic) + "k." + slotToken(Slot(key)) + "." + KeyToken(key)
 }
+
+// Slots is how many slots keyed subjects are spread over. A partitioned
+// subscription's partition count divides it.
+const Slots = 64
+
+// Slot is the slot of an ordering key: FNV-1a of the key, modulo Slots. It
+// is part of the wire layout, so it never changes.
+func Slot(key string) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return int(h % Slots)
+}
+
+func slotToken(slot int) string {
+	return string([]byte{'0' + byte(slot/10), '0' + byte(slot%10)})
+}
+
+// PartitionFilters are the subjects partition i of n covers: the slots s
+// with s mod n = i.
+func PartitionFilters(project, topic string, n, i int) []string {
+	prefix := topicPrefix(project, topic) + "k."
+	out := make([]string, 0, Slots/n)
+	for s := i; s < Slots; s += n {
+		out = append(out, prefix+slotToken(s)+".*")
+	}
+	return out
+}
+
+// PartitionConsumer is the consumer of partition i of a partitioned
+// subscription.
+func PartitionConsumer(project, sub string, i int) string {
+	return PartitionConsumerPrefix(project, sub) + slotToken(i)
+}
+
+// PartitionConsumerPrefix is the prefix every partition consumer of a
+// subscription shares.
+func PartitionConsumerPrefix(project, sub string) string { return SubscriptionBase(project, sub) + "_p_" }
 
 // KeyedFilter matches every keyed message of a topic.
 func KeyedFilter(project, topic string) string {
@@ -141,11 +183,14 @@ func UnkeyedSubject(project, topic string) string {
 // TokenOfSubject returns the key token of a keyed message subject.
 func TokenOfSubject(subject string) (string, bool) {
 	i := strings.LastIndexByte(subject, '.')
-	if i < 2 || subject[i-2:i] != ".k" {
+	// ".k.NN." precedes the token.
+	if i < 5 || subject[i-5:i-2] != ".k." || !isDigit(subject[i-2]) || !isDigit(subject[i-1]) {
 		return "", false
 	}
 	return subject[i+1:], true
 }
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
 func topicPrefix(project, topic string) string {
 	return SubjectRoot + "." + encodeName(project) + "." + encodeName(topic) + "."

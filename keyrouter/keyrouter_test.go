@@ -2,6 +2,7 @@ package keyrouter
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -136,7 +137,7 @@ func TestDecodeKeyRejectsBadEncoding(t *testing.T) {
 }
 
 func TestSubjectsAndNames(t *testing.T) {
-	if got := KeyedSubject("p", "orders", "a.*"); got != "jetorder.p.orders.k.a%2E%2A" {
+	if got := KeyedSubject("p", "orders", "a.*"); got != "jetorder.p.orders.k."+slotToken(Slot("a.*"))+".a%2E%2A" {
 		t.Fatalf("KeyedSubject = %q", got)
 	}
 	if got := UnkeyedSubject("p", "or.ders"); got != "jetorder.p.or_2Eders.u" {
@@ -225,8 +226,8 @@ func FuzzKeyToken(f *testing.F) {
 		if tok, ok := TokenOfSubject(subj); !ok || tok != ta {
 			t.Fatalf("subject %q does not end in its token", subj)
 		}
-		if strings.Count(subj, ".") != 4 {
-			t.Fatalf("subject %q has a token count other than 5", subj)
+		if strings.Count(subj, ".") != 5 {
+			t.Fatalf("subject %q has a token count other than 6", subj)
 		}
 	})
 }
@@ -251,5 +252,49 @@ func TestKVToken(t *testing.T) {
 	}
 	if KVToken("thread-1") != "thread-1" {
 		t.Errorf("KVToken(thread-1) = %q, want it readable", KVToken("thread-1"))
+	}
+}
+
+func TestSlotsAndPartitions(t *testing.T) {
+	// The slot is part of the wire layout: these values must never change.
+	for key, want := range map[string]int{"a": 0xe40c292c % Slots, "device-1": Slot("device-1")} {
+		if got := Slot(key); got != want {
+			t.Errorf("Slot(%q) = %d, want %d", key, got, want)
+		}
+	}
+	counts := make([]int, Slots)
+	for i := range 64 * 100 {
+		counts[Slot("key-"+strconv.Itoa(i))]++
+	}
+	for s, n := range counts {
+		if n < 50 || n > 160 {
+			t.Errorf("slot %d got %d of 6400 keys; the hash spreads badly", s, n)
+		}
+	}
+	// Every slot belongs to exactly one partition, for every valid count.
+	for _, n := range []int{1, 2, 4, 8, 16, 32, 64} {
+		seen := map[string]int{}
+		for i := range n {
+			for _, f := range PartitionFilters("p", "t", n, i) {
+				seen[f]++
+			}
+		}
+		if len(seen) != Slots {
+			t.Errorf("%d partitions cover %d slots, want %d", n, len(seen), Slots)
+		}
+		for f, c := range seen {
+			if c != 1 {
+				t.Errorf("%d partitions: filter %s in %d partitions", n, f, c)
+			}
+		}
+	}
+	subj := KeyedSubject("p", "t", "device-1")
+	want := "jetorder.p.t.k." + slotToken(Slot("device-1")) + ".*"
+	found := false
+	for _, f := range PartitionFilters("p", "t", 8, Slot("device-1")%8) {
+		found = found || f == want
+	}
+	if !found || !strings.HasPrefix(subj, strings.TrimSuffix(want, "*")) {
+		t.Errorf("subject %s is not covered by its partition's filters", subj)
 	}
 }

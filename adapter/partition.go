@@ -1,0 +1,463 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// Partitioned delivery (DeliveryPartitioned).
+//
+// The topic's keyed subjects carry a slot, 00..63, a hash of the key; a
+// partitioned subscription has one pull consumer per partition, filtering
+// on the partition's slots, with the pinned-client priority policy: the
+// server delivers a partition's messages to one receiving process at a time,
+// the owner, and moves the pin to another when the owner sends no pull
+// request for the consumer's PinnedTTL (the client's owner lease).
+//
+// The consumer's MaxAckPending is the partition's buffer: the owner holds
+// every delivered message until it is settled, and lets one message per key
+// into a handler at a time, the one with the lowest stream sequence. A key
+// whose message was nacked or handed back waits until that message is
+// delivered again, so later messages of the key never overtake it.
+//
+// Ownership terms. Every delivered message carries the pin id of the term
+// it was sent in. When an owner sees a new pin id, it has just (re)gained
+// the partition, and the previous owner may still have messages in its
+// handlers: the new owner starts no handler until the consumer's count of
+// unacked messages equals the number it holds itself. Every message it
+// holds is unacked at the server, so from then on every unacked message of
+// the partition is in its hands, and its gates see them all. An owner that
+// loses the pin (the server refuses its pull requests) hands back its
+// waiting messages at once and keeps extending those in handlers, so a new
+// owner waits for them to be acked, or for their deadline to pass (a dead
+// owner) and their redelivery, exactly as a per-key consumer would.
+//
+// A key's next message starts only once the server has its predecessor's
+// ack: acks are confirmed with a round trip to the server (one for all the
+// acks sent meanwhile), so an ack lost with the connection cannot let a
+// later message overtake its redelivery.
+
+// partitionGroup is the priority group every receiver pulls in.
+const partitionGroup = "jetorder"
+
+// pinHeader is the header the server adds to each message of a pinned
+// consumer; the adapter removes it before a handler sees the message.
+const pinHeader = "Nats-Pin-Id"
+
+// ReceiveStats are gauges of the partitioned subscriptions Receive calls
+// run; share one among Receive calls to add them up. Set it before Receive.
+type ReceiveStats struct {
+	// PartitionsOwned is how many partitions this process owns.
+	PartitionsOwned atomic.Int64
+	// PartitionBuffered is how many messages owned partitions hold: in
+	// handlers or waiting behind an earlier message of their key.
+	PartitionBuffered atomic.Int64
+	// PartitionsFull is how many owned partitions hold as many messages as
+	// their buffer allows: until one is acked, JetStream delivers nothing
+	// more of them, for any key.
+	PartitionsFull atomic.Int64
+}
+
+func (r *subRecord) partitionIndexes() []int {
+	out := make([]int, r.Partitions)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// partitionConsumerConfig is partition i's pull consumer.
+func (r *subRecord) partitionConsumerConfig(pinTTL time.Duration, i int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        keyrouter.PartitionConsumer(r.Project, r.ID, i),
+		Description:    fmt.Sprintf("jetorder projects/%s/subscriptions/%s partition %d of %d", r.Project, r.ID, i, r.Partitions),
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    r.StartSeq,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        r.ackDeadline(),
+		MaxDeliver:     -1,
+		FilterSubjects: keyrouter.PartitionFilters(r.TopicProject, r.Topic, r.Partitions, i),
+		MaxAckPending:  r.PartitionBuffer,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{partitionGroup},
+		PinnedTTL:      pinTTL,
+	}
+}
+
+// partition is one partition of a partitioned subscription, as one Receive
+// call sees it. Every field after cons is guarded by r.mu.
+type partition struct {
+	r     *receiver
+	index int
+	limit int
+	cons  jetstream.Consumer
+	// stream is the topic's stream, for unpinning.
+	stream jetstream.Stream
+
+	pin    string // pin id of the current term; "" when not the owner
+	term   int    // counts pin changes, so a stale fence check stands down
+	fenced bool   // no handler starts: the term is new, or the pin is lost
+	held   int    // messages of the partition this process holds
+	keys   map[string]*keyGate
+
+	// what reportLocked last added to the shared stats
+	owned    bool
+	full     bool
+	reported int
+}
+
+// keyGate is one key's messages in an owned partition.
+type keyGate struct {
+	active *delivery // in a handler, or acked and waiting for confirmation
+	// awaiting is the stream sequence of a message that was handed back
+	// (nacked, or its handler returned without an ack); no later message of
+	// the key starts until it is delivered again.
+	awaiting      uint64
+	awaitingSince time.Time
+	waiting       []*delivery // by stream sequence
+}
+
+func (g *keyGate) idle() bool { return g.active == nil && g.awaiting == 0 && len(g.waiting) == 0 }
+
+// startPartitions opens the subscription's partition consumers and starts
+// pulling from each.
+func (r *receiver) startPartitions(ctx context.Context) ([]jetstream.ConsumeContext, error) {
+	stream, err := r.c.js.Stream(ctx, r.rec.stream())
+	if err != nil {
+		return nil, err
+	}
+	var ccs []jetstream.ConsumeContext
+	stop := func() {
+		for _, cc := range ccs {
+			cc.Stop()
+		}
+	}
+	for i := range r.rec.Partitions {
+		cons, err := stream.Consumer(ctx, keyrouter.PartitionConsumer(r.rec.Project, r.rec.ID, i))
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("partition %d: %w", i, err)
+		}
+		p := &partition{r: r, index: i, limit: r.rec.PartitionBuffer, cons: cons, stream: stream, keys: make(map[string]*keyGate)}
+		r.partitions = append(r.partitions, p)
+		// A pull request must reach the server well within the pin's TTL,
+		// or an idle owner loses its partition.
+		expiry := max(cons.CachedInfo().Config.PinnedTTL/3, time.Second)
+		cc, err := cons.Consume(p.onMsg,
+			jetstream.PullPriorityGroup(partitionGroup),
+			jetstream.PullExpiry(expiry),
+			jetstream.PullMaxMessages(min(r.rec.PartitionBuffer, 1000)),
+			jetstream.ConsumeErrHandler(p.onErr))
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("partition %d: %w", i, err)
+		}
+		ccs = append(ccs, cc)
+	}
+	return ccs, nil
+}
+
+func (p *partition) onMsg(m jetstream.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		return
+	}
+	h := m.Headers()
+	pin := h.Get(pinHeader)
+	h.Del(pinHeader)
+	if len(h) == 0 {
+		h = nil
+	}
+	p.r.deliver(p, arrival{
+		subject:   m.Subject(),
+		reply:     m.Reply(),
+		header:    h,
+		data:      m.Data(),
+		consumer:  meta.Consumer,
+		seq:       meta.Sequence.Stream,
+		attempt:   meta.NumDelivered,
+		published: meta.Timestamp,
+		pin:       pin,
+	})
+}
+
+// onErr learns of a lost pin: the server refused a pull request because
+// another process owns the partition now.
+func (p *partition) onErr(_ jetstream.ConsumeContext, err error) {
+	if !errors.Is(err, jetstream.ErrPinIDMismatch) {
+		return
+	}
+	r := p.r
+	r.mu.Lock()
+	if p.pin == "" {
+		r.mu.Unlock()
+		return
+	}
+	r.c.cfg.logger.Info("lost partition to another receiver", "subscription", r.sub.id, "partition", p.index)
+	p.pin = ""
+	p.term++
+	p.fenced = true
+	var back []*delivery
+	for _, g := range p.keys {
+		back = append(back, g.waiting...)
+	}
+	p.reportLocked()
+	r.mu.Unlock()
+	// What no handler has started goes back, to the new owner; it starts
+	// none of it before the messages in our handlers are settled.
+	for _, d := range back {
+		d.finish(ackNak)
+	}
+}
+
+// addLocked takes a new delivery into its key's gate and returns what may
+// start now.
+func (p *partition) addLocked(d *delivery, pin string) []*delivery {
+	if pin != p.pin {
+		p.newTermLocked(pin)
+	}
+	p.held++
+	g := p.keys[d.subject]
+	if g == nil {
+		g = &keyGate{}
+		p.keys[d.subject] = g
+	}
+	if g.awaiting == d.key.seq {
+		g.awaiting = 0
+	}
+	i, _ := slices.BinarySearchFunc(g.waiting, d.key.seq, func(w *delivery, seq uint64) int {
+		return compareSeq(w.key.seq, seq)
+	})
+	g.waiting = slices.Insert(g.waiting, i, d)
+	p.reportLocked()
+	return p.pumpLocked(g, nil)
+}
+
+func compareSeq(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// pumpLocked moves g's first waiting message into a handler if the key is
+// free.
+func (p *partition) pumpLocked(g *keyGate, out []*delivery) []*delivery {
+	if p.fenced || p.r.stopping || g.active != nil || g.awaiting != 0 || len(g.waiting) == 0 {
+		return out
+	}
+	d := g.waiting[0]
+	g.waiting[0] = nil
+	g.waiting = g.waiting[1:]
+	g.active = d
+	return append(out, d)
+}
+
+// releaseLocked forgets d, held until now, and returns what may start now.
+// settled says the server has d's ack (or term); otherwise d comes back.
+func (p *partition) releaseLocked(d *delivery, settled bool) []*delivery {
+	p.held--
+	p.reportLocked()
+	g := p.keys[d.subject]
+	if g == nil {
+		return nil
+	}
+	if g.active == d {
+		g.active = nil
+		if !settled && !p.fenced {
+			g.awaiting = d.key.seq
+			g.awaitingSince = time.Now()
+		}
+	} else if i := slices.Index(g.waiting, d); i >= 0 {
+		g.waiting = slices.Delete(g.waiting, i, i+1)
+	}
+	out := p.pumpLocked(g, nil)
+	if g.idle() {
+		delete(p.keys, d.subject)
+	}
+	return out
+}
+
+// settledLateLocked handles the ack of a message whose handler returned
+// without one: its key no longer waits for it to come back.
+func (p *partition) settledLateLocked(d *delivery) []*delivery {
+	g := p.keys[d.subject]
+	if g == nil || g.awaiting != d.key.seq {
+		return nil
+	}
+	g.awaiting = 0
+	out := p.pumpLocked(g, nil)
+	if g.idle() {
+		delete(p.keys, d.subject)
+	}
+	return out
+}
+
+// newTermLocked starts an ownership term: nothing starts until the fence
+// check finds every unacked message of the partition in our hands.
+func (p *partition) newTermLocked(pin string) {
+	p.pin = pin
+	p.term++
+	p.fenced = true
+	term := p.term
+	p.r.loops.Add(1)
+	go p.fence(term)
+}
+
+// fence waits until the consumer's unacked messages are all held here,
+// then lets the term's handlers start.
+func (p *partition) fence(term int) {
+	r := p.r
+	defer r.loops.Done()
+	began := time.Now()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
+		info, err := p.cons.Info(ctx)
+		cancel()
+		r.mu.Lock()
+		if p.term != term || r.stopping {
+			r.mu.Unlock()
+			return
+		}
+		if err == nil && info.NumAckPending <= p.held {
+			p.fenced = false
+			var start []*delivery
+			for subject, g := range p.keys {
+				// A message handed back in an earlier term is either held
+				// here now or was acked meanwhile.
+				g.awaiting = 0
+				start = p.pumpLocked(g, start)
+				if g.idle() {
+					delete(p.keys, subject)
+				}
+			}
+			p.reportLocked()
+			now, queued := r.launchLocked(start)
+			r.mu.Unlock()
+			r.afterLaunch(now, queued)
+			if waited := time.Since(began); waited > time.Second {
+				r.c.cfg.logger.Info("took over partition after the previous owner's messages were settled",
+					"subscription", r.sub.id, "partition", p.index, "waited", waited.Round(time.Millisecond))
+			}
+			return
+		}
+		r.mu.Unlock()
+		select {
+		case <-t.C:
+		case <-r.stopped:
+			return
+		}
+	}
+}
+
+// reportLocked brings the shared gauges up to date with p.
+func (p *partition) reportLocked() {
+	s := p.r.settings.Stats
+	if s == nil {
+		return
+	}
+	owned := p.pin != ""
+	full := owned && p.held >= p.limit
+	if full != p.full {
+		p.full = full
+		if full {
+			s.PartitionsFull.Add(1)
+		} else {
+			s.PartitionsFull.Add(-1)
+		}
+	}
+	if owned != p.owned {
+		p.owned = owned
+		if owned {
+			s.PartitionsOwned.Add(1)
+		} else {
+			s.PartitionsOwned.Add(-1)
+		}
+	}
+	s.PartitionBuffered.Add(int64(p.held - p.reported))
+	p.reported = p.held
+}
+
+// checkAwaiting unblocks keys waiting for a message the stream no longer
+// has (removed by the topic's retention): it will never come back.
+func (r *receiver) checkAwaiting(ctx context.Context) {
+	type wait struct {
+		p   *partition
+		seq uint64
+	}
+	var due []wait
+	limit := 2 * r.rec.ackDeadline()
+	r.mu.Lock()
+	for _, p := range r.partitions {
+		for _, g := range p.keys {
+			if g.awaiting != 0 && time.Since(g.awaitingSince) > limit {
+				due = append(due, wait{p, g.awaiting})
+			}
+		}
+	}
+	r.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+	stream, err := r.c.js.Stream(ctx, r.rec.stream())
+	if err != nil {
+		return
+	}
+	for _, w := range due {
+		if _, err := stream.GetMsg(ctx, w.seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		r.mu.Lock()
+		var start []*delivery
+		for subject, g := range w.p.keys {
+			if g.awaiting == w.seq {
+				g.awaiting = 0
+				start = w.p.pumpLocked(g, start)
+				if g.idle() {
+					delete(w.p.keys, subject)
+				}
+			}
+		}
+		now, queued := r.launchLocked(start)
+		r.mu.Unlock()
+		r.afterLaunch(now, queued)
+	}
+}
+
+// unpin gives up the partitions this process owns, at the end of Receive,
+// so another receiver takes them over without waiting for the pin's TTL.
+func (r *receiver) unpin() {
+	for _, p := range r.partitions {
+		r.mu.Lock()
+		pin := p.pin
+		p.pin = ""
+		p.reportLocked()
+		r.mu.Unlock()
+		if pin == "" {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
+		info, err := p.cons.Info(ctx)
+		if err == nil {
+			for _, g := range info.PriorityGroups {
+				if g.Group == partitionGroup && g.PinnedClientID == pin {
+					_ = p.stream.UnpinConsumer(ctx, p.cons.CachedInfo().Name, partitionGroup)
+				}
+			}
+		}
+		cancel()
+	}
+}
