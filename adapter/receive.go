@@ -188,8 +188,8 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 		stopped:  make(chan struct{}),
 
 		confirmWake: make(chan struct{}, 1),
-		held:     make(map[heldKey]*delivery),
-		fatalSet: make(chan struct{}),
+		held:        make(map[heldKey]*delivery),
+		fatalSet:    make(chan struct{}),
 	}
 	r.deadLetter.Store(rec.DeadLetter)
 	return r.run(ctx, hcancel)

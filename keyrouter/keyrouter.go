@@ -168,7 +168,9 @@ func PartitionConsumer(project, sub string, i int) string {
 
 // PartitionConsumerPrefix is the prefix every partition consumer of a
 // subscription shares.
-func PartitionConsumerPrefix(project, sub string) string { return SubscriptionBase(project, sub) + "_p_" }
+func PartitionConsumerPrefix(project, sub string) string {
+	return SubscriptionBase(project, sub) + "_p_"
+}
 
 // KeyedFilter matches every keyed message of a topic.
 func KeyedFilter(project, topic string) string {
