@@ -48,6 +48,11 @@ import (
 // partitionGroup is the priority group every receiver pulls in.
 const partitionGroup = "jetorder"
 
+// minPinTTL is the shortest PinnedTTL of a partition consumer: an idle
+// owner renews its pin with a pull request every third of it, and nats.go
+// lets a pull request wait no less than a second.
+const minPinTTL = 3 * time.Second
+
 // pinHeader is the header the server adds to each message of a pinned
 // consumer; the adapter removes it before a handler sees the message.
 const pinHeader = "Nats-Pin-Id"

@@ -243,8 +243,18 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	case r.rec.partitioned():
 		sctx, cancel := r.c.withTimeout(ctx)
 		partitions, err = r.startPartitions(sctx)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			// Deleted meanwhile, most likely: say so if it was.
+			if _, lerr := r.sub.load(sctx); errors.Is(lerr, ErrSubscriptionNotFound) {
+				err = lerr
+			}
+		}
 		cancel()
-		if err != nil {
+		switch {
+		case err == nil, ctx.Err() != nil:
+		case errors.Is(err, ErrSubscriptionNotFound):
+			r.fail(err)
+		default:
 			r.fail(fmt.Errorf("receive %s: %w", r.sub, err))
 		}
 		r.loops.Add(1)

@@ -368,7 +368,7 @@ func (s *Subscription) createConsumers(ctx context.Context, kv jetstream.KeyValu
 	}
 	if rec.partitioned() {
 		return forEachParallel(ctx, rec.partitionIndexes(), 16, func(ctx context.Context, i int) error {
-			_, err := s.c.js.CreateConsumer(ctx, rec.stream(), rec.partitionConsumerConfig(s.c.cfg.leaseTTL, i))
+			_, err := s.c.js.CreateConsumer(ctx, rec.stream(), rec.partitionConsumerConfig(max(s.c.cfg.leaseTTL, minPinTTL), i))
 			return err
 		})
 	}

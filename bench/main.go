@@ -10,6 +10,10 @@
 //     adapter, 256 keys: delivery and publish messages/s, latency p50/p99;
 //   - the DIDComm tracker in memory (1,000,000 messages over 10,000
 //     threads) and didcomm.Receive with its state in KV;
+//   - the two delivery modes of ordered subscriptions, partitioned and
+//     per-key, side by side (modes.go): a burst of 100,000 new keys and
+//     10,000 new keys/s for latency, both published into live
+//     subscriptions, and throughput at 1,000 keys and 1 key;
 //   - process RSS (the embedded server runs in this process too).
 //
 // Every run publishes its messages first and then times consumption only,
@@ -48,7 +52,7 @@ var (
 	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
 	rounds      = flag.Int("rounds", 3, "rounds of baselines and adapter runs (key counts over 256 run once, in an extra last round)")
 	burstKeys   = flag.Int("burst", 10_000, "keys in the new-key burst run (0 skips it)")
-	runs        = flag.String("runs", "ordered,publish,burst,latency,didcomm,sidecar", "which runs to do, comma-separated")
+	runs        = flag.String("runs", "ordered,publish,burst,latency,didcomm,sidecar,modes", "which runs to do, comma-separated")
 )
 
 const project = "bench"
@@ -176,6 +180,9 @@ func main() {
 		fmt.Printf("latency publish->handler at 2000 msg/s over 256 keys: library p50 %v p99 %v; gRPC (Go client) p50 %v p99 %v\n\n",
 			lib.p50, lib.p99, g.p50, g.p99)
 		s.stop()
+	}
+	if selected("modes") {
+		b.modes()
 	}
 	fmt.Printf("process RSS at end: %s\n", rss())
 }

@@ -142,7 +142,11 @@ var killListening = regexp.MustCompile(`msg="jetorder sidecar listening" grpc=(\
 
 func killStart(t *testing.T, bin, dataDir, grpcAddr, httpAddr string) *killProc {
 	t.Helper()
-	cmd := exec.Command(bin, "--data-dir", dataDir, "--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--shutdown-timeout", "2s")
+	args := []string{"--data-dir", dataDir, "--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--shutdown-timeout", "2s"}
+	if testDelivery != "" {
+		args = append(args, "--delivery", string(testDelivery))
+	}
+	cmd := exec.Command(bin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -142,7 +142,7 @@ func TestOrderingChecker(t *testing.T) {
 func TestRetireRaceLosesNothing(t *testing.T) {
 	e := newEnv(t, adapter.WithIdleTimeout(100*time.Millisecond))
 	topic := e.createTopic("churn")
-	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPerKey})
 	c := ordercheck.New()
 	startReceive(t, sub, checkedHandler(c, "sub-1", chaos{}))
 	var wg sync.WaitGroup

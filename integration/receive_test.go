@@ -30,21 +30,20 @@ func TestTwoReceiversOwnerHandOver(t *testing.T) {
 	_, c1 := e.connect(opts...)
 	_, c2 := e.connect(opts...)
 	first := startReceive(t, c1.Subscription("shared"), checkedHandler(c, "shared", ch))
-	// The first client takes the lease before the second starts, so
-	// stopping it really hands discovery over.
-	leases, err := jetstreamOf(t, e).KeyValue(context.Background(), "JO_LEASES")
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		if leases == nil {
-			leases, err = jetstreamOf(t, e).KeyValue(context.Background(), "JO_LEASES")
-			return false
-		}
-		_, err = leases.Get(context.Background(), keyrouter.KVKey(project, "shared"))
-		return err == nil
-	}, "first client never took the lease: %v", func() error { return err })
-	firstOwner, err := leases.Get(context.Background(), keyrouter.KVKey(project, "shared"))
-	if err != nil {
-		t.Fatal(err)
+	// The first client takes ownership before the second starts, so
+	// stopping it really hands ownership over. (A partition gets its owner
+	// with its first message.)
+	for k := range 64 {
+		key := fmt.Sprintf("prime-%d", k)
+		publish(t, topic, string(ordercheck.Encode(key, 0)), key)
+		c.Published(key, 0)
 	}
+	testutil.Eventually(t, 30*time.Second, func() bool { return c.Complete("shared") }, "first messages: %s", func() string { return c.Missing("shared") })
+	var firstOwner string
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		firstOwner = ownerOf(t, e, "shared")
+		return firstOwner != ""
+	}, "first client never took ownership")
 	startReceive(t, c2.Subscription("shared"), checkedHandler(c, "shared", ch))
 
 	publishChecked(t, topic, c, 20, 20, 1, 0)
@@ -52,11 +51,8 @@ func TestTwoReceiversOwnerHandOver(t *testing.T) {
 	if err := first.stop(); err != nil {
 		t.Fatalf("Receive returned %v on cancel, want nil", err)
 	}
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		e, err := leases.Get(context.Background(), keyrouter.KVKey(project, "shared"))
-		return err == nil && string(e.Value()) != string(firstOwner.Value())
-	}, "the second client never took the lease over")
-	// New keys after the hand-over need discovery by the remaining client.
+	// New keys after the hand-over need the remaining client (and, for
+	// partitions, give it their pins).
 	for k := range 20 {
 		key := fmt.Sprintf("later-%d", k)
 		for i := range 5 {
@@ -65,6 +61,10 @@ func TestTwoReceiversOwnerHandOver(t *testing.T) {
 		}
 	}
 	testutil.Eventually(t, 30*time.Second, func() bool { return c.Complete("shared") }, "after hand-over: %s", func() string { return c.Missing("shared") })
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		o := ownerOf(t, e, "shared")
+		return o != "" && !sharesOwner(o, firstOwner)
+	}, "the second client never took ownership over")
 	if v := c.Violations(); len(v) > 0 {
 		t.Fatalf("ordering violations: %s", strings.Join(v, "\n"))
 	}
@@ -297,4 +297,54 @@ func clientGoroutines() int {
 		}
 	}
 	return n
+}
+
+// ownerOf names who owns an ordered subscription's delivery: the holder of
+// its key discovery lease (per-key delivery), or the pinned client of each
+// partition (partitioned); "" while some part has no owner.
+func ownerOf(t *testing.T, e *env, sub string) string {
+	t.Helper()
+	ctx := context.Background()
+	js := jetstreamOf(t, e)
+	cfg, err := e.client.Subscription(sub).Config(ctx)
+	if err != nil {
+		t.Fatalf("subscription %s: %v", sub, err)
+	}
+	if cfg.Delivery != adapter.DeliveryPartitioned {
+		leases, err := js.KeyValue(ctx, "JO_LEASES")
+		if err != nil {
+			return ""
+		}
+		entry, err := leases.Get(ctx, keyrouter.KVKey(project, sub))
+		if err != nil {
+			return ""
+		}
+		return string(entry.Value())
+	}
+	var pins []string
+	for i := range cfg.Partitions {
+		cons, err := js.Consumer(ctx, keyrouter.StreamName(project, cfg.Topic.ID()), keyrouter.PartitionConsumer(project, sub, i))
+		if err != nil {
+			t.Fatalf("partition %d: %v", i, err)
+		}
+		pin := ""
+		for _, g := range cons.CachedInfo().PriorityGroups {
+			pin = g.PinnedClientID
+		}
+		if pin == "" {
+			return ""
+		}
+		pins = append(pins, pin)
+	}
+	return strings.Join(pins, ",")
+}
+
+// sharesOwner reports whether two ownerOf answers name a common owner.
+func sharesOwner(a, b string) bool {
+	for _, x := range strings.Split(a, ",") {
+		if slices.Contains(strings.Split(b, ","), x) {
+			return true
+		}
+	}
+	return false
 }

@@ -46,6 +46,9 @@ func startSidecar(t *testing.T, cfg sidecar.Config) *sidecarProc {
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = 2 * time.Second
 	}
+	if cfg.Delivery == "" {
+		cfg.Delivery = testDelivery
+	}
 	log := slog.New(slog.DiscardHandler)
 	if os.Getenv("JETORDER_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/sidecar"
 )
 
@@ -51,7 +52,8 @@ func parseConfig(args []string) (config, error) {
 	str(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS")
 	str(&c.Project, "project", "default", "project of HTTP routes that name none")
 	str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	var replicas, maxOutstanding, maxStreams, shutdown string
+	var delivery, replicas, maxOutstanding, maxStreams, shutdown string
+	str(&delivery, "delivery", "per-key", `delivery of ordered subscriptions created without a jetorder-delivery label: "per-key" or "partitioned" (docs/SIDECAR.md)`)
 	str(&replicas, "replicas", "1", "replicas of the streams and buckets the sidecar creates (3 in a cluster)")
 	str(&maxOutstanding, "max-outstanding-messages", "1000", "messages one subscription holds in the sidecar: with clients or waiting for one")
 	str(&maxStreams, "max-streams", "1000", "open StreamingPull streams")
@@ -69,6 +71,12 @@ func parseConfig(args []string) (config, error) {
 			err = errors.Join(err, fmt.Errorf("--%s %q: want a positive integer", name, v))
 		}
 		return n
+	}
+	switch adapter.DeliveryMode(delivery) {
+	case adapter.DeliveryPerKey, adapter.DeliveryPartitioned:
+		c.Delivery = adapter.DeliveryMode(delivery)
+	default:
+		err = errors.Join(err, fmt.Errorf("--delivery %q: want per-key or partitioned", delivery))
 	}
 	c.Replicas = positive("replicas", replicas)
 	c.MaxOutstandingMessages = positive("max-outstanding-messages", maxOutstanding)

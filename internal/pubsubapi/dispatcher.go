@@ -132,6 +132,7 @@ func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, e
 	sub.ReceiveSettings.MaxOutstandingMessages = s.cfg.MaxOutstandingMessages
 	sub.ReceiveSettings.MaxExtension = maxHeldExtension
 	sub.ReceiveSettings.OnDeadLetter = func(*adapter.Message) { s.b.Metrics.DeadLettered.Inc() }
+	sub.ReceiveSettings.Stats = &s.partitions
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

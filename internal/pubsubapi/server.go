@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
@@ -46,6 +47,9 @@ type Config struct {
 	// PullWait bounds how long a Pull call waits for a first message.
 	// Default 5s.
 	PullWait time.Duration
+	// Delivery is the delivery mode of ordered subscriptions created
+	// without a jetorder-delivery label. Default per key.
+	Delivery adapter.DeliveryMode
 	Logger   *slog.Logger
 }
 
@@ -58,6 +62,8 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	ackKey []byte // authenticates ack ids; new for every process
+
+	partitions adapter.ReceiveStats // of every subscription's Receive
 
 	mu          sync.Mutex
 	dispatchers map[string]*dispatcher // projects/P/subscriptions/S
@@ -91,6 +97,14 @@ func New(b *broker.Broker, cfg Config) *Server {
 	b.Metrics.GaugeFunc("jetorder_max_delivery_attempt", "The highest delivery attempt among messages handed to subscribers now: "+
 		"a message that keeps failing (without a dead-letter policy its key waits) shows as a number that keeps growing.",
 		func() (float64, bool) { return float64(s.maxDeliveryAttempt()), true })
+	gauge := func(name, help string, v *atomic.Int64) {
+		b.Metrics.GaugeFunc(name, help, func() (float64, bool) { return float64(v.Load()), true })
+	}
+	gauge("jetorder_partitions_owned", "Partitions of partitioned subscriptions this sidecar owns.", &s.partitions.PartitionsOwned)
+	gauge("jetorder_partition_buffered_messages", "Unacked messages owned partitions hold: with a client, or waiting behind an earlier message of their key.",
+		&s.partitions.PartitionBuffered)
+	gauge("jetorder_partitions_full", "Owned partitions whose buffer is full: nothing more of them is delivered, for any key, until a message is acked "+
+		"(a key that never acks ends there).", &s.partitions.PartitionsFull)
 	return s
 }
 

@@ -2,6 +2,8 @@ package pubsubapi
 
 import (
 	"context"
+	"maps"
+	"strconv"
 	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
@@ -53,6 +55,9 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 		AckDeadline:           time.Duration(secs) * time.Second,
 		EnableMessageOrdering: sub.GetEnableMessageOrdering(),
 		Labels:                sub.GetLabels(),
+	}
+	if err := s.delivery(&cfg); err != nil {
+		return nil, err
 	}
 	if cfg.DeadLetterPolicy, err = s.deadLetterPolicy(sub.GetDeadLetterPolicy()); err != nil {
 		return nil, err
@@ -179,4 +184,61 @@ func (s *Server) DeleteSubscription(ctx context.Context, req *pb.DeleteSubscript
 		return nil, toStatus(err)
 	}
 	return &emptypb.Empty{}, nil
+}
+
+// Labels that choose an ordered subscription's delivery at creation; the
+// created subscription carries the mode it got in labelDelivery.
+const (
+	labelDelivery        = "jetorder-delivery"
+	labelPartitions      = "jetorder-partitions"
+	labelPartitionBuffer = "jetorder-partition-buffer"
+)
+
+// delivery sets cfg's delivery mode from its labels, or the server's
+// default, and records the mode in the labels.
+func (s *Server) delivery(cfg *adapter.SubscriptionConfig) error {
+	mode, ok := cfg.Labels[labelDelivery]
+	_, hasParts := cfg.Labels[labelPartitions]
+	_, hasBuffer := cfg.Labels[labelPartitionBuffer]
+	if !cfg.EnableMessageOrdering {
+		if ok || hasParts || hasBuffer {
+			return invalid("labels %s, %s and %s apply to subscriptions with message ordering", labelDelivery, labelPartitions, labelPartitionBuffer)
+		}
+		return nil
+	}
+	if !ok {
+		mode = string(s.cfg.Delivery)
+		if mode == "" {
+			mode = string(adapter.DeliveryPerKey)
+		}
+	}
+	cfg.Delivery = adapter.DeliveryMode(mode)
+	number := func(label string) (int, error) {
+		v, ok := cfg.Labels[label]
+		if !ok {
+			return 0, nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return 0, invalid("label %s %q: want a positive integer", label, v)
+		}
+		return n, nil
+	}
+	var err error
+	if cfg.Partitions, err = number(labelPartitions); err != nil {
+		return err
+	}
+	if cfg.PartitionBuffer, err = number(labelPartitionBuffer); err != nil {
+		return err
+	}
+	if cfg.Delivery != adapter.DeliveryPartitioned && (hasParts || hasBuffer) {
+		return invalid("labels %s and %s apply to %s=%s", labelPartitions, labelPartitionBuffer, labelDelivery, adapter.DeliveryPartitioned)
+	}
+	labels := maps.Clone(cfg.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[labelDelivery] = mode
+	cfg.Labels = labels
+	return nil
 }

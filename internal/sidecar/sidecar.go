@@ -51,6 +51,10 @@ type Config struct {
 	Project  string // the HTTP API's project when a route names none
 	Replicas int    // of the streams and buckets the sidecar creates
 
+	// Delivery is the delivery mode of ordered subscriptions created
+	// without a jetorder-delivery label.
+	Delivery adapter.DeliveryMode
+
 	MaxOutstandingMessages int // per subscription, held in the sidecar
 	MaxStreams             int // open StreamingPull streams
 	// ShutdownTimeout bounds how long shutdown waits for clients to settle
@@ -116,6 +120,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 	api := pubsubapi.New(b, pubsubapi.Config{
 		MaxOutstandingMessages: cfg.MaxOutstandingMessages,
 		MaxStreams:             cfg.MaxStreams,
+		Delivery:               cfg.Delivery,
 		Logger:                 log,
 	})
 

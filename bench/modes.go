@@ -1,0 +1,541 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// The "modes" run: the two delivery modes of ordered subscriptions side by
+// side, each beside raw JetStream measured in the same run.
+
+var (
+	modesKeys     = flag.Int("modes-keys", 100_000, "new keys, one message each, in the delivery-modes key burst (times -scale)")
+	modesCap      = flag.Duration("modes-cap", 2*time.Minute, "how long a delivery mode may take over the key burst (and a throughput run) before it is reported unfinished")
+	modesRate     = flag.Int("modes-rate", 10_000, "new keys per second in the delivery-modes latency run")
+	modesDuration = flag.Duration("modes-duration", 10*time.Second, "how long the delivery-modes latency run publishes")
+	modesDrain    = flag.Duration("modes-drain", 15*time.Second, "how long the latency run waits for deliveries after publishing ends")
+)
+
+// rawJetStream stands beside the delivery modes for the baseline: one pull
+// consumer, MaxAckPending 1000, on a stream of its own.
+const rawJetStream adapter.DeliveryMode = "raw"
+
+var deliveryModes = []adapter.DeliveryMode{adapter.DeliveryPartitioned, adapter.DeliveryPerKey}
+
+var scratch func(*bench)
+var scratchPartitions int
+
+func (b *bench) modes() {
+	if scratch != nil {
+		scratch(b)
+	}
+	fmt.Println("delivery modes of ordered subscriptions, default settings: partitioned and per-key, beside raw JetStream")
+	var s modesSummary
+
+	keys := n(*modesKeys)
+	fmt.Printf("1. %d new keys, one message each, published as fast as JetStream takes them into a live subscription (cap %v)\n", keys, *modesCap)
+	s.burst = map[adapter.DeliveryMode]burstResult{}
+	for _, mode := range append([]adapter.DeliveryMode{rawJetStream}, deliveryModes...) {
+		r := b.newKeyBurst(mode, keys, *modesCap)
+		s.burst[mode] = r
+		fmt.Printf("   %-12s %s\n", mode, r.describe(s.burst[rawJetStream]))
+	}
+
+	fmt.Printf("2. %d new keys/s for %v, one message each, publish->handler latency (undelivered %v after publishing ends count as missing)\n",
+		*modesRate, *modesDuration, *modesDrain)
+	s.latency = map[adapter.DeliveryMode]latencyResult{}
+	for _, mode := range append([]adapter.DeliveryMode{rawJetStream}, deliveryModes...) {
+		r := b.newKeyLatency(mode, *modesRate, *modesDuration)
+		s.latency[mode] = r
+		fmt.Printf("   %-12s %s\n", mode, r.describe())
+	}
+
+	for _, t := range []*throughputCase{
+		{keys: 1000, msgs: n(100_000), baselineAckPending: 1000},
+		{keys: 1, msgs: n(50_000), baselineAckPending: 1},
+	} {
+		fmt.Printf("%d. %d keys, %d messages published first, consumed from first delivery to last ack\n", len(s.throughput)+3, t.keys, t.msgs)
+		t.raw = b.raw(b.name("modes-raw"), t.msgs, t.baselineAckPending)
+		fmt.Printf("   %-12s %10.0f msgs/s (MaxAckPending %d)\n", rawJetStream, t.raw, t.baselineAckPending)
+		t.modes = map[adapter.DeliveryMode]throughputResult{}
+		for _, mode := range deliveryModes {
+			r := b.modeThroughput(mode, t.keys, t.msgs)
+			t.modes[mode] = r
+			fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw; %s\n", mode, r.rate, r.rate/t.raw, r.describe())
+		}
+		s.throughput = append(s.throughput, t)
+	}
+	s.print()
+}
+
+// newKeys is a live consumer of messages each on a key of its own: raw
+// JetStream or an ordered subscription in a delivery mode.
+type newKeys struct {
+	subject func(i int) string
+	header  func(i int) nats.Header
+	stop    func() // stops consuming and deletes what was created
+}
+
+// startNewKeys starts consuming before anything is published, so every key
+// is new to the subscription. onMsg runs in the handler, before the ack.
+func (b *bench) startNewKeys(mode adapter.DeliveryMode, onMsg func(data []byte, attempt int)) newKeys {
+	ctx := context.Background()
+	if mode == rawJetStream {
+		stream := b.name("modes-raw")
+		s, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{stream + ".>"}, Storage: jetstream.FileStorage})
+		check(err)
+		cons, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000})
+		check(err)
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			attempt := 1
+			if meta, err := m.Metadata(); err == nil {
+				attempt = int(meta.NumDelivered)
+			}
+			onMsg(m.Data(), attempt)
+			_ = m.Ack()
+		})
+		check(err)
+		return newKeys{
+			subject: func(i int) string { return stream + ".k." + strconv.Itoa(i) },
+			header:  func(int) nats.Header { return nil },
+			stop: func() {
+				cc.Stop()
+				_ = b.js.DeleteStream(ctx, stream)
+			},
+		}
+	}
+	topicID, sub, cleanup := b.modeTopic("modes", mode)
+	stopReceive := receiveUntilStopped(sub, func(m *adapter.Message) {
+		onMsg(m.Data, m.DeliveryAttempt)
+		m.Ack()
+	})
+	return newKeys{
+		subject: func(i int) string { return keyrouter.KeyedSubject(project, topicID, "device-"+strconv.Itoa(i)) },
+		header:  func(i int) nats.Header { return nats.Header{"Jetorder-Ordering-Key": {"device-" + strconv.Itoa(i)}} },
+		stop: func() {
+			stopReceive()
+			cleanup()
+		},
+	}
+}
+
+// modeTopic creates a topic and an ordered subscription to it in mode;
+// cleanup deletes both, the topic first: deleting its stream removes
+// thousands of per-key consumers at once, where the subscription's delete
+// would remove them one by one.
+func (b *bench) modeTopic(prefix string, mode adapter.DeliveryMode) (string, *adapter.Subscription, func()) {
+	ctx := context.Background()
+	topicID := b.name(prefix + "-" + string(mode))
+	topic, err := b.client.CreateTopic(ctx, topicID)
+	check(err)
+	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub",
+		adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: mode, Partitions: scratchPartitions})
+	check(err)
+	return topicID, sub, func() {
+		_ = topic.Delete(ctx)
+		_ = sub.Delete(ctx)
+	}
+}
+
+// receiveUntilStopped runs Receive on sub until the returned stop is called.
+func receiveUntilStopped(sub *adapter.Subscription, handle func(*adapter.Message)) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Receive(ctx, func(_ context.Context, m *adapter.Message) { handle(m) })
+	}()
+	return func() {
+		cancel()
+		check(<-done)
+	}
+}
+
+// peakWatch samples the account's JetStream consumers and the process RSS
+// while a run goes on.
+type peakWatch struct {
+	stop, done chan struct{}
+	consumers  int
+	rssMiB     int
+}
+
+func (b *bench) watchPeaks() *peakWatch {
+	w := &peakWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	sample := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if info, err := b.js.AccountInfo(ctx); err == nil {
+			w.consumers = max(w.consumers, info.Consumers)
+		}
+		cancel()
+		w.rssMiB = max(w.rssMiB, rssMiB())
+	}
+	go func() {
+		defer close(w.done)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			sample()
+			select {
+			case <-t.C:
+			case <-w.stop:
+				sample()
+				return
+			}
+		}
+	}()
+	return w
+}
+
+func (w *peakWatch) end() (consumers, rssMiB int) {
+	close(w.stop)
+	<-w.done
+	return w.consumers, w.rssMiB
+}
+
+func rssMiB() int {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			kb, _ := strconv.Atoi(strings.Fields(line)[1])
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func (b *bench) accountConsumers() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := b.js.AccountInfo(ctx)
+	check(err)
+	return info.Consumers
+}
+
+// settle waits, after a run's clean-up, until the account is back to the
+// consumers it had before, so a run does not weigh on the next.
+func (b *bench) settle(before int) {
+	for deadline := time.Now().Add(time.Minute); b.accountConsumers() > before && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// publishAsync publishes m without waiting for its ack, waiting for the
+// outstanding acks instead of failing when too many are pending.
+func (b *bench) publishAsync(m *nats.Msg) {
+	for {
+		_, err := b.js.PublishMsgAsync(m)
+		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			check(err)
+			return
+		}
+		<-b.js.PublishAsyncComplete()
+	}
+}
+
+type burstResult struct {
+	keys, delivered, redelivered int
+	published                    time.Duration // publishing all keys, acks included
+	elapsed                      time.Duration // first publish to last delivery, or to the cap
+	consumers, rssMiB            int           // peaks while it ran
+	baseConsumers, baseRSSMiB    int           // before it started
+}
+
+func (r burstResult) finished() bool { return r.delivered >= r.keys }
+
+func (r burstResult) rate() float64 { return float64(r.delivered) / r.elapsed.Seconds() }
+
+func (r burstResult) describe(raw burstResult) string {
+	out := fmt.Sprintf("all %d delivered in %v (%.0f keys/s, %.2fx raw)", r.keys, r.elapsed.Round(10*time.Millisecond), r.rate(), r.rate()/raw.rate())
+	if !r.finished() {
+		out = fmt.Sprintf("NOT FINISHED: %d of %d delivered in %v (%.0f keys/s, %.2fx raw)",
+			r.delivered, r.keys, r.elapsed.Round(10*time.Millisecond), r.rate(), r.rate()/raw.rate())
+	}
+	return out + fmt.Sprintf("; published in %v; peak consumers %d (%d before); peak RSS %d MiB (%d before); %d redelivered",
+		r.published.Round(10*time.Millisecond), r.consumers, r.baseConsumers, r.rssMiB, r.baseRSSMiB, r.redelivered)
+}
+
+// newKeyBurst publishes one message to each of keys new keys into a live
+// consumer and waits, at most limit, for all of them to be delivered.
+func (b *bench) newKeyBurst(mode adapter.DeliveryMode, keys int, limit time.Duration) burstResult {
+	before := b.accountConsumers()
+	res := burstResult{keys: keys, baseConsumers: before, baseRSSMiB: rssMiB()}
+	var got, redelivered, lastAt atomic.Int64
+	done := make(chan struct{})
+	run := b.startNewKeys(mode, func(_ []byte, attempt int) {
+		if attempt > 1 {
+			redelivered.Add(1)
+			return
+		}
+		if got.Add(1) == int64(keys) {
+			lastAt.Store(time.Now().UnixNano())
+			close(done)
+		}
+	})
+	watch := b.watchPeaks()
+	start := time.Now()
+	b.fill(run.subject, run.header, keys)
+	res.published = time.Since(start)
+	select {
+	case <-done:
+		res.elapsed = time.Unix(0, lastAt.Load()).Sub(start)
+	case <-time.After(limit - res.published):
+		res.elapsed = time.Since(start)
+	}
+	res.delivered, res.redelivered = int(got.Load()), int(redelivered.Load())
+	res.consumers, res.rssMiB = watch.end()
+	run.stop()
+	b.settle(before)
+	return res
+}
+
+type latencyResult struct {
+	sent, delivered int
+	sending         time.Duration // publishing, paced
+	elapsed         time.Duration // first publish to last delivery
+	d               []time.Duration
+}
+
+// percentile is the p-th percentile over every sent message; ok is false
+// when it falls on a message that was not delivered.
+func (r latencyResult) percentile(p float64) (d time.Duration, ok bool) {
+	if r.sent == 0 {
+		return 0, false
+	}
+	i := min(int(float64(r.sent)*p), r.sent-1)
+	if i >= len(r.d) {
+		return 0, false
+	}
+	return r.d[i], true
+}
+
+func (r latencyResult) max() (time.Duration, bool) {
+	if len(r.d) == 0 || len(r.d) < r.sent {
+		return 0, false
+	}
+	return r.d[len(r.d)-1], true
+}
+
+func (r latencyResult) format(d time.Duration, ok bool) string {
+	if !ok {
+		return "undelivered"
+	}
+	if d >= time.Millisecond {
+		return d.Round(100 * time.Microsecond).String()
+	}
+	return d.Round(time.Microsecond).String()
+}
+
+func (r latencyResult) describe() string {
+	p50, ok50 := r.percentile(0.50)
+	p99, ok99 := r.percentile(0.99)
+	mx, okMax := r.max()
+	return fmt.Sprintf("p50 %s p99 %s max %s; sent %d at %.0f/s, delivered %d (%.0f keys/s over %v)",
+		r.format(p50, ok50), r.format(p99, ok99), r.format(mx, okMax), r.sent, r.sendRate(), r.delivered,
+		r.deliverRate(), r.elapsed.Round(10*time.Millisecond))
+}
+
+func (r latencyResult) sendRate() float64 { return float64(r.sent) / r.sending.Seconds() }
+
+func (r latencyResult) deliverRate() float64 {
+	if r.elapsed <= 0 {
+		return 0
+	}
+	return float64(r.delivered) / r.elapsed.Seconds()
+}
+
+// newKeyLatency publishes rate messages per second for dur, each on a new
+// key, into a live consumer and measures publish-to-handler latency.
+func (b *bench) newKeyLatency(mode adapter.DeliveryMode, rate int, dur time.Duration) latencyResult {
+	before := b.accountConsumers()
+	var c collector
+	var lastAt atomic.Int64
+	run := b.startNewKeys(mode, func(data []byte, attempt int) {
+		if attempt == 1 {
+			c.add(data)
+			lastAt.Store(time.Now().UnixNano())
+		}
+	})
+	start := time.Now()
+	sent := pace(rate, dur, func(i int, stamp []byte) {
+		b.publishAsync(&nats.Msg{Subject: run.subject(i), Header: run.header(i), Data: stamp})
+	})
+	sending := time.Since(start)
+	<-b.js.PublishAsyncComplete()
+	for deadline := time.Now().Add(*modesDrain); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		c.mu.Lock()
+		got := len(c.d)
+		c.mu.Unlock()
+		if got >= sent {
+			break
+		}
+	}
+	c.mu.Lock()
+	d := slices.Clone(c.d)
+	c.mu.Unlock()
+	run.stop()
+	b.settle(before)
+	slices.Sort(d)
+	elapsed := time.Unix(0, lastAt.Load()).Sub(start)
+	return latencyResult{sent: sent, delivered: len(d), sending: sending, elapsed: elapsed, d: d}
+}
+
+type throughputResult struct {
+	rate      float64
+	startup   time.Duration // Receive to first delivery
+	delivered int
+	msgs      int
+}
+
+func (r throughputResult) describe() string {
+	out := fmt.Sprintf("first delivery after %v", r.startup.Round(time.Millisecond))
+	if r.delivered < r.msgs {
+		out = fmt.Sprintf("NOT FINISHED within %v: %d of %d delivered; ", *modesCap, r.delivered, r.msgs) + out
+	}
+	return out
+}
+
+type throughputCase struct {
+	keys, msgs         int
+	baselineAckPending int
+	raw                float64
+	modes              map[adapter.DeliveryMode]throughputResult
+}
+
+// modeThroughput times an ordered subscription in mode delivering msgs
+// messages published first over keys keys, from the first delivery to the
+// last ack, like the ordered runs; a run that takes longer than the cap is
+// cut short and its rate is what it delivered so far.
+func (b *bench) modeThroughput(mode adapter.DeliveryMode, keys, msgs int) throughputResult {
+	before := b.accountConsumers()
+	topicID, sub, cleanup := b.modeTopic("modes-tput", mode)
+	subject, hdr := keyed(topicID, "key", keys)
+	b.fill(subject, hdr, msgs)
+
+	var got, first, last atomic.Int64
+	done := make(chan struct{})
+	start := time.Now()
+	stop := receiveUntilStopped(sub, func(m *adapter.Message) {
+		first.CompareAndSwap(0, time.Now().UnixNano())
+		m.Ack()
+		if m.DeliveryAttempt > 1 {
+			return
+		}
+		n := got.Add(1)
+		last.Store(time.Now().UnixNano())
+		if n == int64(msgs) {
+			close(done)
+		}
+	})
+	select {
+	case <-done:
+	case <-time.After(*modesCap):
+	}
+	stop()
+	cleanup()
+	b.settle(before)
+	firstAt, lastAt := time.Unix(0, first.Load()), time.Unix(0, last.Load())
+	res := throughputResult{startup: firstAt.Sub(start), delivered: int(got.Load()), msgs: msgs}
+	if res.delivered > 1 {
+		res.rate = float64(res.delivered-1) / lastAt.Sub(firstAt).Seconds()
+	}
+	return res
+}
+
+type modesSummary struct {
+	burst      map[adapter.DeliveryMode]burstResult
+	latency    map[adapter.DeliveryMode]latencyResult
+	throughput []*throughputCase
+}
+
+func (s *modesSummary) print() {
+	const row = "%-38s %-22s %-24s %-24s\n"
+	fmt.Printf("\ndelivery modes summary (ratios against raw JetStream of the same run)\n")
+	fmt.Printf(row, "measurement", "raw JetStream", "partitioned", "per-key")
+	cells := func(f func(adapter.DeliveryMode) string) (string, string, string) {
+		return f(rawJetStream), f(adapter.DeliveryPartitioned), f(adapter.DeliveryPerKey)
+	}
+	line := func(label string, f func(adapter.DeliveryMode) string) {
+		a, p, k := cells(f)
+		fmt.Printf(row, label, a, p, k)
+	}
+
+	raw := s.burst[rawJetStream]
+	line(fmt.Sprintf("1. %d new keys: delivered", raw.keys), func(m adapter.DeliveryMode) string {
+		r := s.burst[m]
+		if !r.finished() {
+			return fmt.Sprintf("%d in %v (cap)", r.delivered, r.elapsed.Round(time.Second))
+		}
+		return fmt.Sprintf("all in %v", r.elapsed.Round(10*time.Millisecond))
+	})
+	line("   keys/s (vs raw)", func(m adapter.DeliveryMode) string {
+		r := s.burst[m]
+		if m == rawJetStream {
+			return fmt.Sprintf("%.0f", r.rate())
+		}
+		return fmt.Sprintf("%.0f (%.2fx)", r.rate(), r.rate()/raw.rate())
+	})
+	line("   peak consumers (account)", func(m adapter.DeliveryMode) string { return strconv.Itoa(s.burst[m].consumers) })
+	line("   peak RSS (process, server incl.)", func(m adapter.DeliveryMode) string { return fmt.Sprintf("%d MiB", s.burst[m].rssMiB) })
+
+	line(fmt.Sprintf("2. %d new keys/s for %v: p50", *modesRate, *modesDuration), func(m adapter.DeliveryMode) string {
+		return s.latency[m].format(s.latency[m].percentile(0.50))
+	})
+	line("   p99", func(m adapter.DeliveryMode) string { return s.latency[m].format(s.latency[m].percentile(0.99)) })
+	line("   max", func(m adapter.DeliveryMode) string { return s.latency[m].format(s.latency[m].max()) })
+	line("   sent/s, delivered/s", func(m adapter.DeliveryMode) string {
+		r := s.latency[m]
+		return fmt.Sprintf("%.0f, %.0f", r.sendRate(), r.deliverRate())
+	})
+	line("   delivered of sent", func(m adapter.DeliveryMode) string {
+		r := s.latency[m]
+		return fmt.Sprintf("%d of %d", r.delivered, r.sent)
+	})
+
+	for _, t := range s.throughput {
+		line(fmt.Sprintf("%d keys: msgs/s (vs raw MaxAckPending %d)", t.keys, t.baselineAckPending), func(m adapter.DeliveryMode) string {
+			if m == rawJetStream {
+				return fmt.Sprintf("%.0f", t.raw)
+			}
+			r := t.modes[m]
+			out := fmt.Sprintf("%.0f (%.2fx)", r.rate, r.rate/t.raw)
+			if r.delivered < r.msgs {
+				out += " unfinished"
+			}
+			return out
+		})
+	}
+
+	part := s.latency[adapter.DeliveryPartitioned]
+	p99, ok := part.percentile(0.99)
+	many := s.throughput[0]
+	one := s.throughput[1]
+	fmt.Printf("\ntargets for partitioned:\n")
+	fmt.Printf("  new-key latency p99 < 50ms: %s (p99 %s)\n", verdict(ok && p99 < 50*time.Millisecond), part.format(p99, ok))
+	vsRaw := many.modes[adapter.DeliveryPartitioned].rate / many.raw
+	fmt.Printf("  %d keys >= 0.6x raw consume-and-ack: %s (%.2fx)\n", many.keys, verdict(vsRaw >= 0.6), vsRaw)
+	vsPerKey := one.modes[adapter.DeliveryPartitioned].rate / one.modes[adapter.DeliveryPerKey].rate
+	fmt.Printf("  %d key no worse than per-key: %s (partitioned/per-key %.2fx)\n\n", one.keys, verdict(vsPerKey >= 1), vsPerKey)
+}
+
+func verdict(met bool) string {
+	if met {
+		return "met"
+	}
+	return "MISSED"
+}
