@@ -329,7 +329,9 @@ func (p *partition) fence(term int) {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
+		// Short: while a cluster elects the consumer's leader, a request
+		// can go unanswered; the next one finds the new leader.
+		ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, time.Second))
 		info, err := p.cons.Info(ctx)
 		cancel()
 		r.mu.Lock()
@@ -407,9 +409,11 @@ func (r *receiver) checkAwaiting(ctx context.Context) {
 	limit := 2 * r.rec.ackDeadline()
 	r.mu.Lock()
 	for _, p := range r.partitions {
-		for _, g := range p.keys {
+		for subject, g := range p.keys {
 			if g.awaiting != 0 && time.Since(g.awaitingSince) > limit {
 				due = append(due, wait{p, g.awaiting})
+				r.c.cfg.logger.Debug("key waits for a message to come back", "subscription", r.sub.id, "partition", p.index,
+					"subject", subject, "seq", g.awaiting, "for", time.Since(g.awaitingSince), "fenced", p.fenced, "held", p.held)
 			}
 		}
 	}

@@ -67,6 +67,7 @@ type delivery struct {
 	part       *partition // nil unless partitioned and keyed
 	subject    string
 	reply      string
+	acked      ackKind // the ack or term being confirmed (partitioned)
 	msg        *Message
 	arrived    time.Time
 	lastExtend time.Time // guarded by r.mu
@@ -77,7 +78,9 @@ type delivery struct {
 // wins, later ones do nothing.
 func (d *delivery) finish(kind ackKind) {
 	d.once.Do(func() {
-		if d.part == nil {
+		if d.part == nil || kind == ackNak {
+			// Forgotten first: the redelivery a nack brings may come at
+			// once, and must not be taken for a copy of this one.
 			d.r.release(d, false)
 		}
 		err := d.r.c.nc.Publish(d.reply, ackPayload[kind])
@@ -87,12 +90,12 @@ func (d *delivery) finish(kind ackKind) {
 		if d.part == nil {
 			return
 		}
-		if err == nil && (kind == ackAck || kind == ackTerm) {
+		if kind == ackAck || kind == ackTerm {
 			// The key's next message starts once the server has this ack.
+			d.acked = kind
 			d.r.confirmLater(d)
 			return
 		}
-		d.r.release(d, false)
 	})
 }
 
@@ -475,25 +478,43 @@ func (r *receiver) confirmLater(d *delivery) {
 }
 
 // confirmAcks confirms acks in groups: one flush (a PING the server answers
-// after everything sent before it) for all the acks sent meanwhile.
+// after everything sent before it) for all the acks sent meanwhile. Acks
+// that cannot be confirmed (the connection is down) are sent again until
+// they are: their keys wait, as the server may or may not have them.
 func (r *receiver) confirmAcks() {
 	defer r.loops.Done()
-	var batch []*delivery
+	var batch, unconfirmed []*delivery
+	failing := false // warned about this run of failures
+	retry := time.NewTimer(0)
+	<-retry.C
 	for {
 		select {
 		case <-r.confirmWake:
+		case <-retry.C:
+			for _, d := range unconfirmed {
+				_ = r.c.nc.Publish(d.reply, ackPayload[d.acked])
+			}
 		case <-r.stopped:
 			return
 		}
 		r.confirmMu.Lock()
 		batch, r.confirmQ = r.confirmQ, batch[:0]
 		r.confirmMu.Unlock()
-		err := r.c.nc.FlushTimeout(r.c.cfg.apiTimeout)
-		if err != nil {
-			r.c.cfg.logger.Warn("acks not confirmed; their keys wait for redelivery", "subscription", r.sub.id, "messages", len(batch), "err", err)
+		batch = append(batch, unconfirmed...)
+		unconfirmed = unconfirmed[:0]
+		if err := r.c.nc.FlushTimeout(r.c.cfg.apiTimeout); err != nil {
+			if !failing {
+				failing = true
+				r.c.cfg.logger.Warn("acks not confirmed; sending them again until they are, their keys wait", "subscription", r.sub.id, "messages", len(batch), "err", err)
+			}
+			unconfirmed = append(unconfirmed, batch...)
+			clear(batch)
+			retry.Reset(250 * time.Millisecond)
+			continue
 		}
+		failing = false
 		for i, d := range batch {
-			r.release(d, err == nil)
+			r.release(d, true)
 			batch[i] = nil
 		}
 	}

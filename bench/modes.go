@@ -36,13 +36,7 @@ const rawJetStream adapter.DeliveryMode = "raw"
 
 var deliveryModes = []adapter.DeliveryMode{adapter.DeliveryPartitioned, adapter.DeliveryPerKey}
 
-var scratch func(*bench)
-var scratchPartitions int
-
 func (b *bench) modes() {
-	if scratch != nil {
-		scratch(b)
-	}
 	fmt.Println("delivery modes of ordered subscriptions, default settings: partitioned and per-key, beside raw JetStream")
 	var s modesSummary
 
@@ -65,12 +59,17 @@ func (b *bench) modes() {
 	}
 
 	for _, t := range []*throughputCase{
-		{keys: 1000, msgs: n(100_000), baselineAckPending: 1000},
-		{keys: 1, msgs: n(50_000), baselineAckPending: 1},
+		{keys: 1000, msgs: n(20_000), baselineAckPending: 1000, layoutBaseline: true},
+		{keys: 1, msgs: n(20_000), baselineAckPending: 1},
 	} {
-		fmt.Printf("%d. %d keys, %d messages published first, consumed from first delivery to last ack\n", len(s.throughput)+3, t.keys, t.msgs)
+		fmt.Printf("%d. %s, %d messages published first, consumed from first delivery to last ack\n", len(s.throughput)+3, plural(t.keys, "key"), t.msgs)
 		t.raw = b.raw(b.name("modes-raw"), t.msgs, t.baselineAckPending)
-		fmt.Printf("   %-12s %10.0f msgs/s (MaxAckPending %d)\n", rawJetStream, t.raw, t.baselineAckPending)
+		fmt.Printf("   %-12s %10.0f msgs/s (one pull consumer, MaxAckPending %d)\n", rawJetStream, t.raw, t.baselineAckPending)
+		if t.layoutBaseline {
+			t.rawLayout = b.rawPartitionLayout(t.keys, t.msgs, defaultPartitions)
+			fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (%d pull consumers with the partitions' filter subjects, MaxAckPending %d each, no key gating)\n",
+				"raw-layout", t.rawLayout, t.rawLayout/t.raw, defaultPartitions, defaultPartitionBuffer)
+		}
 		t.modes = map[adapter.DeliveryMode]throughputResult{}
 		for _, mode := range deliveryModes {
 			r := b.modeThroughput(mode, t.keys, t.msgs)
@@ -143,7 +142,7 @@ func (b *bench) modeTopic(prefix string, mode adapter.DeliveryMode) (string, *ad
 	topic, err := b.client.CreateTopic(ctx, topicID)
 	check(err)
 	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub",
-		adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: mode, Partitions: scratchPartitions})
+		adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: mode})
 	check(err)
 	return topicID, sub, func() {
 		_ = topic.Delete(ctx)
@@ -219,19 +218,26 @@ func rssMiB() int {
 	return 0
 }
 
+// accountConsumers is the account's JetStream consumer count; -1 when the
+// server does not answer in time (it may be busy with thousands of
+// consumers).
 func (b *bench) accountConsumers() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	info, err := b.js.AccountInfo(ctx)
-	check(err)
+	if err != nil {
+		return -1
+	}
 	return info.Consumers
 }
 
 // settle waits, after a run's clean-up, until the account is back to the
 // consumers it had before, so a run does not weigh on the next.
 func (b *bench) settle(before int) {
-	for deadline := time.Now().Add(time.Minute); b.accountConsumers() > before && time.Now().Before(deadline); {
-		time.Sleep(100 * time.Millisecond)
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if now := b.accountConsumers(); now >= 0 && now <= before {
+			return
+		}
 	}
 }
 
@@ -414,7 +420,54 @@ type throughputCase struct {
 	keys, msgs         int
 	baselineAckPending int
 	raw                float64
-	modes              map[adapter.DeliveryMode]throughputResult
+	// layoutBaseline adds raw JetStream consuming through consumers laid
+	// out like a partitioned subscription's, to tell the server's share of
+	// the partitioned figure from the adapter's.
+	layoutBaseline bool
+	rawLayout      float64
+	modes          map[adapter.DeliveryMode]throughputResult
+}
+
+// The adapter's defaults for a partitioned subscription.
+const (
+	defaultPartitions      = 8
+	defaultPartitionBuffer = 1000
+)
+
+// rawPartitionLayout times raw pull consumers, each with the filter subjects
+// of one partition of a partitioned subscription and MaxAckPending of its
+// buffer, consuming and acking msgs messages published first over keys
+// keys of an adapter topic, from first delivery to last ack.
+func (b *bench) rawPartitionLayout(keys, msgs, partitions int) float64 {
+	ctx := context.Background()
+	topicID := b.name("modes-layout")
+	topic, err := b.client.CreateTopic(ctx, topicID)
+	check(err)
+	defer func() { _ = topic.Delete(ctx) }()
+	subject, hdr := keyed(topicID, "key", keys)
+	b.fill(subject, hdr, msgs)
+	var got, first atomic.Int64
+	done := make(chan struct{})
+	for i := range partitions {
+		cons, err := b.js.CreateConsumer(ctx, keyrouter.StreamName(project, topicID), jetstream.ConsumerConfig{
+			Durable:        "p" + strconv.Itoa(i),
+			AckPolicy:      jetstream.AckExplicitPolicy,
+			MaxAckPending:  defaultPartitionBuffer,
+			FilterSubjects: keyrouter.PartitionFilters(project, topicID, partitions, i),
+		})
+		check(err)
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			first.CompareAndSwap(0, time.Now().UnixNano())
+			_ = m.Ack()
+			if got.Add(1) == int64(msgs) {
+				close(done)
+			}
+		})
+		check(err)
+		defer cc.Stop()
+	}
+	<-done
+	return float64(msgs-1) / time.Since(time.Unix(0, first.Load())).Seconds()
 }
 
 // modeThroughput times an ordered subscription in mode delivering msgs
@@ -507,8 +560,8 @@ func (s *modesSummary) print() {
 		return fmt.Sprintf("%d of %d", r.delivered, r.sent)
 	})
 
-	for _, t := range s.throughput {
-		line(fmt.Sprintf("%d keys: msgs/s (vs raw MaxAckPending %d)", t.keys, t.baselineAckPending), func(m adapter.DeliveryMode) string {
+	for i, t := range s.throughput {
+		line(fmt.Sprintf("%d. %s: msgs/s (vs raw)", i+3, plural(t.keys, "key")), func(m adapter.DeliveryMode) string {
 			if m == rawJetStream {
 				return fmt.Sprintf("%.0f", t.raw)
 			}
@@ -519,6 +572,16 @@ func (s *modesSummary) print() {
 			}
 			return out
 		})
+		line("   raw is one consumer, MaxAckPending", func(m adapter.DeliveryMode) string {
+			if m == rawJetStream {
+				return strconv.Itoa(t.baselineAckPending)
+			}
+			return ""
+		})
+		if t.layoutBaseline {
+			fmt.Printf(row, "   raw with the partitions' filters", fmt.Sprintf("%.0f (%.2fx)", t.rawLayout, t.rawLayout/t.raw),
+				fmt.Sprintf("%.2fx of that", t.modes[adapter.DeliveryPartitioned].rate/t.rawLayout), "")
+		}
 	}
 
 	part := s.latency[adapter.DeliveryPartitioned]
@@ -528,9 +591,9 @@ func (s *modesSummary) print() {
 	fmt.Printf("\ntargets for partitioned:\n")
 	fmt.Printf("  new-key latency p99 < 50ms: %s (p99 %s)\n", verdict(ok && p99 < 50*time.Millisecond), part.format(p99, ok))
 	vsRaw := many.modes[adapter.DeliveryPartitioned].rate / many.raw
-	fmt.Printf("  %d keys >= 0.6x raw consume-and-ack: %s (%.2fx)\n", many.keys, verdict(vsRaw >= 0.6), vsRaw)
+	fmt.Printf("  %s >= 0.6x raw consume-and-ack: %s (%.2fx)\n", plural(many.keys, "key"), verdict(vsRaw >= 0.6), vsRaw)
 	vsPerKey := one.modes[adapter.DeliveryPartitioned].rate / one.modes[adapter.DeliveryPerKey].rate
-	fmt.Printf("  %d key no worse than per-key: %s (partitioned/per-key %.2fx)\n\n", one.keys, verdict(vsPerKey >= 1), vsPerKey)
+	fmt.Printf("  %s no worse than per-key: %s (partitioned/per-key %.2fx)\n\n", plural(one.keys, "key"), verdict(vsPerKey >= 1), vsPerKey)
 }
 
 func verdict(met bool) string {
@@ -538,4 +601,11 @@ func verdict(met bool) string {
 		return "met"
 	}
 	return "MISSED"
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
