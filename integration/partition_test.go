@@ -8,11 +8,15 @@ import (
 	"testing"
 	"time"
 
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -253,4 +257,134 @@ func pinnedClient(t *testing.T, js jetstream.JetStream, stream, consumer string)
 		return g.PinnedClientID
 	}
 	return ""
+}
+
+// The sidecar chooses an ordered subscription's delivery from its labels,
+// or its --delivery default; bad labels are refused and create nothing.
+func TestSidecarDeliveryLabels(t *testing.T) {
+	sc, js := injSidecar(t, sidecar.Config{Delivery: adapter.DeliveryPerKey})
+	pubc, subc := sc.rawClient()
+	ctx := context.Background()
+	if _, err := pubc.CreateTopic(ctx, &pb.Topic{Name: topicPath("labelled")}); err != nil {
+		t.Fatal(err)
+	}
+	partitionConsumers := func(sub string) int {
+		st, err := js.Stream(ctx, keyrouter.StreamName(project, "labelled"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for name := range st.ConsumerNames(ctx).Name() {
+			if strings.HasPrefix(name, keyrouter.PartitionConsumerPrefix(project, sub)) {
+				n++
+			}
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name     string
+		ordered  bool
+		labels   map[string]string
+		wantCode codes.Code
+		wantText string
+		mode     string
+		parts    int
+	}{
+		{"default", true, nil, codes.OK, "", "per-key", 0},
+		{"partitioned", true, map[string]string{"jetorder-delivery": "partitioned", "jetorder-partitions": "4", "team": "a"}, codes.OK, "", "partitioned", 4},
+		{"partitioned-default-count", true, map[string]string{"jetorder-delivery": "partitioned"}, codes.OK, "", "partitioned", 8},
+		{"per-key", true, map[string]string{"jetorder-delivery": "per-key"}, codes.OK, "", "per-key", 0},
+		{"bad-mode", true, map[string]string{"jetorder-delivery": "fast"}, codes.InvalidArgument, `delivery "fast"`, "", 0},
+		{"bad-count", true, map[string]string{"jetorder-delivery": "partitioned", "jetorder-partitions": "3"}, codes.InvalidArgument, "3 partitions", "", 0},
+		{"bad-number", true, map[string]string{"jetorder-delivery": "partitioned", "jetorder-partitions": "x"}, codes.InvalidArgument, "want a positive integer", "", 0},
+		{"bad-buffer", true, map[string]string{"jetorder-delivery": "partitioned", "jetorder-partition-buffer": "1000000"}, codes.InvalidArgument, "partition buffer", "", 0},
+		{"count-without-mode", true, map[string]string{"jetorder-partitions": "4"}, codes.InvalidArgument, "apply to jetorder-delivery=partitioned", "", 0},
+		{"unordered", false, map[string]string{"jetorder-delivery": "partitioned"}, codes.InvalidArgument, "message ordering", "", 0},
+	} {
+		id := "labelled-" + tc.name
+		got, err := subc.CreateSubscription(ctx, &pb.Subscription{Name: subPath(id), Topic: topicPath("labelled"),
+			EnableMessageOrdering: tc.ordered, Labels: tc.labels})
+		if status.Code(err) != tc.wantCode || !strings.Contains(status.Convert(err).Message(), tc.wantText) {
+			t.Errorf("%s: got %v, want %v containing %q", tc.name, err, tc.wantCode, tc.wantText)
+			continue
+		}
+		if err != nil {
+			if _, gerr := subc.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: subPath(id)}); status.Code(gerr) != codes.NotFound {
+				t.Errorf("%s: refused, yet GetSubscription says %v", tc.name, gerr)
+			}
+			continue
+		}
+		if got.GetLabels()["jetorder-delivery"] != tc.mode {
+			t.Errorf("%s: labels %v, want jetorder-delivery=%s", tc.name, got.GetLabels(), tc.mode)
+		}
+		if n := partitionConsumers(id); n != tc.parts {
+			t.Errorf("%s: %d partition consumers, want %d", tc.name, n, tc.parts)
+		}
+	}
+}
+
+// A key that never acks holds back only its own messages until its
+// partition's buffer is full; then the partition stops, for every key, and
+// ReceiveStats shows it. Once the key acks, everything flows again.
+func TestPartitionBufferFullStopsPartition(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("stuck")
+	sub := e.createSub("stuck-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 10 * time.Second,
+		Delivery: adapter.DeliveryPartitioned, Partitions: 1, PartitionBuffer: 10})
+	stats := &adapter.ReceiveStats{}
+	sub.ReceiveSettings.Stats = stats
+	log := &partLog{}
+	var stuck sync.Mutex // held while key "stuck" must not ack
+	stuck.Lock()
+	unstuck := sync.OnceFunc(stuck.Unlock)
+	t.Cleanup(unstuck)
+	startReceive(t, sub, func(ctx context.Context, m *adapter.Message) {
+		if ev := log.add("R", m); ev.key == "stuck" {
+			stuck.Lock()
+			defer stuck.Unlock()
+		}
+		log.ack(m)
+	})
+	publish(t, topic, string(ordercheck.Encode("stuck", 0)), "stuck")
+	testutil.Eventually(t, 10*time.Second, func() bool { _, ok := log.first("R", "stuck", 0); return ok }, "stuck|0 never delivered")
+	// Below the limit, other keys flow past the stuck one.
+	for i := range 3 {
+		publish(t, topic, string(ordercheck.Encode("other", i)), "other")
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { _, ok := log.ackedAt("other", 2); return ok }, "other key held back below the limit: %s", log.String)
+	// Fill the buffer: stuck|0 in the handler and stuck|1..9 waiting.
+	for i := 1; i < 10; i++ {
+		publish(t, topic, string(ordercheck.Encode("stuck", i)), "stuck")
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return stats.PartitionsFull.Load() == 1 },
+		"partition never reported full (buffered %d)", stats.PartitionBuffered.Load)
+	if got := stats.PartitionBuffered.Load(); got != 10 {
+		t.Fatalf("buffered %d, want the limit, 10", got)
+	}
+	publish(t, topic, string(ordercheck.Encode("other", 3)), "other")
+	// Absence window: JetStream delivers nothing more of a full partition.
+	window := time.Now().Add(500 * time.Millisecond)
+	for time.Now().Before(window) {
+		if _, ok := log.first("R", "other", 3); ok {
+			t.Fatalf("other|3 delivered although the partition's buffer was full")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	unstuck()
+	testutil.Eventually(t, 10*time.Second, func() bool { _, ok := log.ackedAt("other", 3); return ok }, "other|3 never delivered after the stuck key acked: %s", log.String)
+	testutil.Eventually(t, 10*time.Second, func() bool { _, ok := log.ackedAt("stuck", 9); return ok }, "stuck key did not finish: %s", log.String)
+	testutil.Eventually(t, 10*time.Second, func() bool { return stats.PartitionsFull.Load() == 0 && stats.PartitionBuffered.Load() == 0 },
+		"gauges did not return to 0: full %d, buffered %d", stats.PartitionsFull.Load, stats.PartitionBuffered.Load)
+	if stats.PartitionsOwned.Load() != 1 {
+		t.Fatalf("owned %d partitions, want 1", stats.PartitionsOwned.Load())
+	}
+	for i := range 10 {
+		ev, _ := log.first("R", "stuck", i)
+		if i > 0 {
+			prev, _ := log.ackedAt("stuck", i-1)
+			if ev.at.Before(prev) {
+				t.Fatalf("stuck|%d started before stuck|%d was acked", i, i-1)
+			}
+		}
+	}
 }
