@@ -301,7 +301,16 @@ func (b *bench) newKeyBurst(mode adapter.DeliveryMode, keys int, limit time.Dura
 	})
 	watch := b.watchPeaks()
 	start := time.Now()
-	b.fill(run.subject, run.header, keys)
+	// fill, but waiting when the server falls behind: per-key delivery keeps
+	// it busy creating consumers while the keys are published.
+	payload := make([]byte, *payloadSize)
+	for i := range keys {
+		b.publishAsync(&nats.Msg{Subject: run.subject(i), Header: run.header(i), Data: payload})
+		if i%5000 == 4999 {
+			<-b.js.PublishAsyncComplete()
+		}
+	}
+	<-b.js.PublishAsyncComplete()
 	res.published = time.Since(start)
 	select {
 	case <-done:
