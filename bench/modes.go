@@ -273,10 +273,10 @@ func (r burstResult) finished() bool { return r.delivered >= r.keys }
 func (r burstResult) rate() float64 { return float64(r.delivered) / r.elapsed.Seconds() }
 
 func (r burstResult) describe(raw burstResult) string {
-	out := fmt.Sprintf("all %d delivered in %v (%.0f keys/s, %.2fx raw)", r.keys, r.elapsed.Round(10*time.Millisecond), r.rate(), r.rate()/raw.rate())
+	out := fmt.Sprintf("all %d delivered in %v (%.0f keys/s, %s raw)", r.keys, r.elapsed.Round(10*time.Millisecond), r.rate(), ratio(r.rate()/raw.rate()))
 	if !r.finished() {
-		out = fmt.Sprintf("NOT FINISHED: %d of %d delivered in %v (%.0f keys/s, %.2fx raw)",
-			r.delivered, r.keys, r.elapsed.Round(10*time.Millisecond), r.rate(), r.rate()/raw.rate())
+		out = fmt.Sprintf("NOT FINISHED: %d of %d delivered in %v (%.0f keys/s, %s raw)",
+			r.delivered, r.keys, r.elapsed.Round(10*time.Millisecond), r.rate(), ratio(r.rate()/raw.rate()))
 	}
 	return out + fmt.Sprintf("; published in %v; peak consumers %d (%d before); peak RSS %d MiB (%d before); %d redelivered",
 		r.published.Round(10*time.Millisecond), r.consumers, r.baseConsumers, r.rssMiB, r.baseRSSMiB, r.redelivered)
@@ -556,7 +556,7 @@ func (s *modesSummary) print() {
 		if m == rawJetStream {
 			return fmt.Sprintf("%.0f", r.rate())
 		}
-		return fmt.Sprintf("%.0f (%.2fx)", r.rate(), r.rate()/raw.rate())
+		return fmt.Sprintf("%.0f (%s)", r.rate(), ratio(r.rate()/raw.rate()))
 	})
 	line("   peak consumers (account)", func(m adapter.DeliveryMode) string { return strconv.Itoa(s.burst[m].consumers) })
 	line("   peak RSS (process, server incl.)", func(m adapter.DeliveryMode) string { return fmt.Sprintf("%d MiB", s.burst[m].rssMiB) })
@@ -581,7 +581,7 @@ func (s *modesSummary) print() {
 				return fmt.Sprintf("%.0f", t.raw)
 			}
 			r := t.modes[m]
-			out := fmt.Sprintf("%.0f (%.2fx)", r.rate, r.rate/t.raw)
+			out := fmt.Sprintf("%.0f (%s)", r.rate, ratio(r.rate/t.raw))
 			if r.delivered < r.msgs {
 				out += " unfinished"
 			}
@@ -594,7 +594,7 @@ func (s *modesSummary) print() {
 			return ""
 		})
 		if t.layoutBaseline {
-			fmt.Printf(row, "   raw with the partitions' filters", fmt.Sprintf("%.0f (%.2fx)", t.rawLayout, t.rawLayout/t.raw),
+			fmt.Printf(row, "   raw with the partitions' filters", fmt.Sprintf("%.0f (%s)", t.rawLayout, ratio(t.rawLayout/t.raw)),
 				fmt.Sprintf("%.2fx of that", t.modes[adapter.DeliveryPartitioned].rate/t.rawLayout), "")
 		}
 	}
@@ -606,9 +606,18 @@ func (s *modesSummary) print() {
 	fmt.Printf("\ntargets for partitioned:\n")
 	fmt.Printf("  new-key latency p99 < 50ms: %s (p99 %s)\n", verdict(ok && p99 < 50*time.Millisecond), part.format(p99, ok))
 	vsRaw := many.modes[adapter.DeliveryPartitioned].rate / many.raw
-	fmt.Printf("  %s >= 0.6x raw consume-and-ack: %s (%.2fx)\n", plural(many.keys, "key"), verdict(vsRaw >= 0.6), vsRaw)
+	fmt.Printf("  %s >= 0.6x raw consume-and-ack: %s (%s)\n", plural(many.keys, "key"), verdict(vsRaw >= 0.6), ratio(vsRaw))
 	vsPerKey := one.modes[adapter.DeliveryPartitioned].rate / one.modes[adapter.DeliveryPerKey].rate
 	fmt.Printf("  %s no worse than per-key: %s (partitioned/per-key %.2fx)\n\n", plural(one.keys, "key"), verdict(vsPerKey >= 1), vsPerKey)
+}
+
+// ratio shows small ratios with a third digit, so 0.004x does not read as
+// nothing at all.
+func ratio(x float64) string {
+	if x < 0.01 {
+		return fmt.Sprintf("%.3fx", x)
+	}
+	return fmt.Sprintf("%.2fx", x)
 }
 
 func verdict(met bool) string {
