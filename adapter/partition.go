@@ -89,7 +89,7 @@ func (r *subRecord) partitionConsumerConfig(pinTTL time.Duration, i int) jetstre
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        r.ackDeadline(),
 		MaxDeliver:     -1,
-		FilterSubjects: keyrouter.PartitionFilters(r.TopicProject, r.Topic, r.Partitions, i),
+		FilterSubject:  keyrouter.PartitionFilter(r.TopicProject, r.Topic, r.Partitions, i),
 		MaxAckPending:  r.PartitionBuffer,
 		PriorityPolicy: jetstream.PriorityPolicyPinned,
 		PriorityGroups: []string{partitionGroup},
@@ -107,11 +107,15 @@ type partition struct {
 	// stream is the topic's stream, for unpinning.
 	stream jetstream.Stream
 
-	pin    string // pin id of the current term; "" when not the owner
-	term   int    // counts pin changes, so a stale fence check stands down
-	fenced bool   // no handler starts: the term is new, or the pin is lost
-	held   int    // messages of the partition this process holds
-	keys   map[string]*keyGate
+	pin     string // pin id of the current term; "" when not the owner
+	lostPin string // the pin of the last term that ended with a refusal
+	term    int    // counts pin changes, so a stale fence check stands down
+	fenced  bool   // no handler starts: the term is new, or the pin is lost
+	held    int    // messages of the partition this process holds
+	acking  int    // of those, how many have their ack or term sent
+	// checkingPin is set while checkPin asks the server who owns it.
+	checkingPin bool
+	keys        map[string]*keyGate
 
 	// what reportLocked last added to the shared stats
 	owned    bool
@@ -152,7 +156,9 @@ func (r *receiver) startPartitions(ctx context.Context) ([]jetstream.ConsumeCont
 			return nil, fmt.Errorf("partition %d: %w", i, err)
 		}
 		p := &partition{r: r, index: i, limit: r.rec.PartitionBuffer, cons: cons, stream: stream, keys: make(map[string]*keyGate)}
+		r.mu.Lock()
 		r.partitions = append(r.partitions, p)
+		r.mu.Unlock()
 		// A pull request must reach the server well within the pin's TTL,
 		// or an idle owner loses its partition.
 		expiry := max(cons.CachedInfo().Config.PinnedTTL/3, time.Second)
@@ -194,25 +200,51 @@ func (p *partition) onMsg(m jetstream.Msg) {
 	})
 }
 
-// onErr learns of a lost pin: the server refused a pull request because
-// another process owns the partition now.
+// onErr hears of pull requests the server refused because they carried a
+// pin id other than the current one. That may be an older pin of ours (a
+// request sent before the server pinned us anew), so the server is asked
+// who owns the partition now.
 func (p *partition) onErr(_ jetstream.ConsumeContext, err error) {
 	if !errors.Is(err, jetstream.ErrPinIDMismatch) {
+		p.r.c.cfg.logger.Debug("partition pull", "subscription", p.r.sub.id, "partition", p.index, "err", err)
 		return
 	}
 	r := p.r
 	r.mu.Lock()
-	if p.pin == "" {
+	defer r.mu.Unlock()
+	if p.pin == "" || p.checkingPin || r.stopping {
+		return
+	}
+	p.checkingPin = true
+	r.loops.Add(1)
+	go p.checkPin()
+}
+
+// checkPin gives the partition up if the server has pinned another client.
+func (p *partition) checkPin() {
+	r := p.r
+	defer r.loops.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
+	info, err := p.cons.Info(ctx)
+	cancel()
+	r.mu.Lock()
+	p.checkingPin = false
+	if err != nil || p.pin == "" || pinnedIn(info) == p.pin {
 		r.mu.Unlock()
 		return
 	}
 	r.c.cfg.logger.Info("lost partition to another receiver", "subscription", r.sub.id, "partition", p.index)
+	p.lostPin = p.pin
 	p.pin = ""
 	p.term++
 	p.fenced = true
 	var back []*delivery
-	for _, g := range p.keys {
+	for subject, g := range p.keys {
 		back = append(back, g.waiting...)
+		g.awaiting = 0 // the new owner gets it back
+		if g.active == nil {
+			delete(p.keys, subject)
+		}
 	}
 	p.reportLocked()
 	r.mu.Unlock()
@@ -221,6 +253,16 @@ func (p *partition) onErr(_ jetstream.ConsumeContext, err error) {
 	for _, d := range back {
 		d.finish(ackNak)
 	}
+}
+
+// pinnedIn is the pin id the server gives the partition's group.
+func pinnedIn(info *jetstream.ConsumerInfo) string {
+	for _, g := range info.PriorityGroups {
+		if g.Group == partitionGroup {
+			return g.PinnedClientID
+		}
+	}
+	return ""
 }
 
 // addLocked takes a new delivery into its key's gate and returns what may
@@ -273,6 +315,9 @@ func (p *partition) pumpLocked(g *keyGate, out []*delivery) []*delivery {
 // settled says the server has d's ack (or term); otherwise d comes back.
 func (p *partition) releaseLocked(d *delivery, settled bool) []*delivery {
 	p.held--
+	if d.ackSent {
+		p.acking--
+	}
 	p.reportLocked()
 	g := p.keys[d.subject]
 	if g == nil {
@@ -326,6 +371,7 @@ func (p *partition) fence(term int) {
 	r := p.r
 	defer r.loops.Done()
 	began := time.Now()
+	polls := 0
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -333,13 +379,28 @@ func (p *partition) fence(term int) {
 		// can go unanswered; the next one finds the new leader.
 		ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, time.Second))
 		info, err := p.cons.Info(ctx)
+		// The first unacked message: the first of the partition after the
+		// consumer's ack floor.
+		var first uint64
+		if err == nil && info.NumAckPending > 0 {
+			var m *jetstream.RawStreamMsg
+			if m, err = p.stream.GetMsg(ctx, info.AckFloor.Stream+1, jetstream.WithGetMsgSubject(info.Config.FilterSubject)); err == nil {
+				first = m.Sequence
+			}
+		}
 		cancel()
 		r.mu.Lock()
 		if p.term != term || r.stopping {
 			r.mu.Unlock()
 			return
 		}
-		if err == nil && info.NumAckPending <= p.held {
+		// Every message held here and not yet acked is unacked at the
+		// server: if the server counts no more, and its first unacked
+		// message is one of ours, nobody else holds one. (The count alone
+		// is fooled by a late ack, elsewhere, of a message redelivered
+		// here; the first unacked message catches what that hides most
+		// often.)
+		if err == nil && info.NumAckPending <= p.held-p.acking && (first == 0 || p.holdsUnackedLocked(first)) {
 			p.fenced = false
 			var start []*delivery
 			for subject, g := range p.keys {
@@ -361,6 +422,14 @@ func (p *partition) fence(term int) {
 			}
 			return
 		}
+		if polls++; polls%40 == 0 {
+			pending := -1
+			if err == nil {
+				pending = info.NumAckPending
+			}
+			r.c.cfg.logger.Debug("partition waits for the previous owner's messages", "subscription", r.sub.id, "partition", p.index,
+				"server_unacked", pending, "held", p.held, "acking", p.acking, "waited", time.Since(began), "err", err)
+		}
 		r.mu.Unlock()
 		select {
 		case <-t.C:
@@ -368,6 +437,13 @@ func (p *partition) fence(term int) {
 			return
 		}
 	}
+}
+
+// holdsUnackedLocked reports whether this process holds the partition's
+// message seq and has not acked it.
+func (p *partition) holdsUnackedLocked(seq uint64) bool {
+	d, ok := p.r.held[heldKey{consumer: p.cons.CachedInfo().Name, seq: seq}]
+	return ok && !d.ackSent
 }
 
 // reportLocked brings the shared gauges up to date with p.
@@ -409,6 +485,9 @@ func (r *receiver) checkAwaiting(ctx context.Context) {
 	limit := 2 * r.rec.ackDeadline()
 	r.mu.Lock()
 	for _, p := range r.partitions {
+		if p.fenced {
+			continue
+		}
 		for subject, g := range p.keys {
 			if g.awaiting != 0 && time.Since(g.awaitingSince) > limit {
 				due = append(due, wait{p, g.awaiting})
@@ -459,13 +538,8 @@ func (r *receiver) unpin() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
-		info, err := p.cons.Info(ctx)
-		if err == nil {
-			for _, g := range info.PriorityGroups {
-				if g.Group == partitionGroup && g.PinnedClientID == pin {
-					_ = p.stream.UnpinConsumer(ctx, p.cons.CachedInfo().Name, partitionGroup)
-				}
-			}
+		if info, err := p.cons.Info(ctx); err == nil && pinnedIn(info) == pin {
+			_ = p.stream.UnpinConsumer(ctx, p.cons.CachedInfo().Name, partitionGroup)
 		}
 		cancel()
 	}

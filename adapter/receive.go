@@ -68,6 +68,7 @@ type delivery struct {
 	subject    string
 	reply      string
 	acked      ackKind // the ack or term being confirmed (partitioned)
+	ackSent    bool    // counted in part.acking; guarded by r.mu
 	msg        *Message
 	arrived    time.Time
 	lastExtend time.Time // guarded by r.mu
@@ -118,7 +119,7 @@ type receiver struct {
 	deadTopics  map[string]*Topic // dead-letter topic handles, by full name
 	deadTopicMu sync.Mutex
 
-	partitions []*partition // partitioned subscriptions only; fixed once running
+	partitions []*partition // partitioned subscriptions only; appended under mu
 
 	confirmMu   sync.Mutex
 	confirmQ    []*delivery // acked, waiting for the server to have the ack
@@ -402,6 +403,13 @@ func (r *receiver) deliver(p *partition, a arrival) {
 		_ = r.c.nc.Publish(a.reply, ackPayload[ackNak])
 		return
 	}
+	if p != nil && a.pin != "" && a.pin == p.lostPin {
+		// Sent in a term that has ended: the new owner's fence counts it,
+		// and it must not start here beside the new owner's handlers.
+		r.mu.Unlock()
+		_ = r.c.nc.Publish(a.reply, ackPayload[ackNak])
+		return
+	}
 	r.held[k] = d
 	var start []*delivery
 	if p != nil {
@@ -468,6 +476,12 @@ func (r *receiver) release(d *delivery, settled bool) {
 // confirmLater releases d once a round trip to the server shows the server
 // has its ack.
 func (r *receiver) confirmLater(d *delivery) {
+	r.mu.Lock()
+	if r.held[d.key] == d {
+		d.ackSent = true
+		d.part.acking++
+	}
+	r.mu.Unlock()
 	r.confirmMu.Lock()
 	r.confirmQ = append(r.confirmQ, d)
 	r.confirmMu.Unlock()

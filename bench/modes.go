@@ -465,10 +465,10 @@ func (b *bench) rawPartitionLayout(keys, msgs, partitions int) float64 {
 	done := make(chan struct{})
 	for i := range partitions {
 		cons, err := b.js.CreateConsumer(ctx, keyrouter.StreamName(project, topicID), jetstream.ConsumerConfig{
-			Durable:        "p" + strconv.Itoa(i),
-			AckPolicy:      jetstream.AckExplicitPolicy,
-			MaxAckPending:  defaultPartitionBuffer,
-			FilterSubjects: keyrouter.PartitionFilters(project, topicID, partitions, i),
+			Durable:       "p" + strconv.Itoa(i),
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			MaxAckPending: defaultPartitionBuffer,
+			FilterSubject: keyrouter.PartitionFilter(project, topicID, partitions, i),
 		})
 		check(err)
 		cc, err := cons.Consume(func(m jetstream.Msg) {

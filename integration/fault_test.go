@@ -356,7 +356,13 @@ func (l *fltLoad) deliveredSince(t time.Time) int {
 func (l *fltLoad) verify(t *testing.T, timeout time.Duration) {
 	t.Helper()
 	testutil.Eventually(t, timeout, func() bool { return l.check.Complete(l.sub) },
-		"not every stored message acked: %s", func() string { return l.check.Missing(l.sub) })
+		"not every stored message acked: %s%s", func() string { return l.check.Missing(l.sub) },
+		func() string { // a stall may follow an ordering violation: show it
+			if v := l.check.Violations(); len(v) > 0 {
+				return fmt.Sprintf("; %d ordering violations:\n%s", len(v), strings.Join(v, "\n"))
+			}
+			return ""
+		})
 	if v := l.check.Violations(); len(v) > 0 {
 		t.Fatalf("%d ordering violations:\n%s", len(v), strings.Join(v, "\n"))
 	}

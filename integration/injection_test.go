@@ -247,7 +247,7 @@ func injReceiveRaw(t *testing.T, subc pb.SubscriberClient, r *injReader) {
 
 // injAssertSubjects checks what JetStream stored for a topic: per key
 // exactly n messages, each on its key's own subject, a literal subject of
-// six tokens; and every per-key consumer of the subscriptions subs
+// eleven tokens; and every per-key consumer of the subscriptions subs
 // filters on exactly one of those subjects, under the name keyrouter gives
 // that key (a consumer with a wildcard would take other keys' messages).
 func injAssertSubjects(t *testing.T, js jetstream.JetStream, proj, topic string, keys []string, n int, subs ...string) {
@@ -270,8 +270,8 @@ func injAssertSubjects(t *testing.T, js jetstream.JetStream, proj, topic string,
 		if got := info.State.Subjects[subj]; got != uint64(n) {
 			t.Fatalf("key %.40q: %d messages on %.80s, want %d", k, got, subj, n)
 		}
-		if strings.Count(subj, ".") != 5 || strings.ContainsAny(subj, "*> \t\r\n\x00") {
-			t.Fatalf("key %.40q: subject %q is not six literal tokens", k, subj)
+		if strings.Count(subj, ".") != 10 || strings.ContainsAny(subj, "*> \t\r\n\x00") {
+			t.Fatalf("key %.40q: subject %q is not eleven literal tokens", k, subj)
 		}
 		for _, s := range subs {
 			consumerOf[keyrouter.KeyConsumer(proj, s, keyrouter.KeyToken(k))] = subj

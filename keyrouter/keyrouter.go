@@ -5,7 +5,7 @@
 //
 //	stream            JO_<P>__<T>                  (hash form past 255 bytes)
 //	stream subjects   jetorder.<P>.<T>.>
-//	keyed message     jetorder.<P>.<T>.k.<slot(K)>.<token(K)>
+//	keyed message     jetorder.<P>.<T>.k.<b0>.<b1>.<b2>.<b3>.<b4>.<b5>.<token(K)>
 //	unkeyed message   jetorder.<P>.<T>.u
 //	consumers         <P>__<S>_u (unkeyed), <P>__<S>_k_<hash(token)> (per key),
 //	                  <P>__<S>_all (a subscription without ordering)
@@ -13,15 +13,16 @@
 //
 // <P>, <T> and <S> are the ids with every byte outside [A-Za-z0-9-] written
 // as _XX (upper-case hex), so they contain no '.', '*', '>' or '__' and the
-// layout is injective. token(K) is described at KeyToken; slot(K) is two
-// decimal digits, 00..63, a hash of K (see Slot) that partitioned
-// subscriptions filter on.
+// layout is injective. token(K) is described at KeyToken; b0..b5 are the
+// bits of slot(K), 0..63, a hash of K (see Slot), lowest first, as "0" or
+// "1": a partitioned subscription's partition filters on a prefix of them.
 package keyrouter
 
 import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"math/bits"
 	"strings"
 	"unicode/utf8"
 )
@@ -127,12 +128,16 @@ func ProjectSubjects(project string) string {
 // KeyedSubject is the subject of a message with ordering key key. key must
 // have passed ValidateOrderingKey.
 func KeyedSubject(project, topic, key string) string {
-	return topicPrefix(project, topic) + "k." + slotToken(Slot(key)) + "." + KeyToken(key)
+	return topicPrefix(project, topic) + "k." + slotTokens(Slot(key), SlotBits) + KeyToken(key)
 }
+
+// SlotBits is how many bits of the slot keyed subjects carry, one token
+// each; Slots = 2^SlotBits.
+const SlotBits = 6
 
 // Slots is how many slots keyed subjects are spread over. A partitioned
 // subscription's partition count divides it.
-const Slots = 64
+const Slots = 1 << SlotBits
 
 // Slot is the slot of an ordering key: FNV-1a of the key, modulo Slots. It
 // is part of the wire layout, so it never changes.
@@ -145,25 +150,28 @@ func Slot(key string) int {
 	return int(h % Slots)
 }
 
-func slotToken(slot int) string {
-	return string([]byte{'0' + byte(slot/10), '0' + byte(slot%10)})
+// slotTokens writes the low bits of slot, lowest first, as "0." or "1."
+// tokens: the slots of one partition (slot mod 2^bits) then share a prefix,
+// so one filter covers them. (Several filter subjects per consumer make
+// nats-server search much harder for the next message.)
+func slotTokens(slot, bits int) string {
+	b := make([]byte, 0, 2*bits)
+	for i := range bits {
+		b = append(b, '0'+byte(slot>>i&1), '.')
+	}
+	return string(b)
 }
 
-// PartitionFilters are the subjects partition i of n covers: the slots s
-// with s mod n = i.
-func PartitionFilters(project, topic string, n, i int) []string {
-	prefix := topicPrefix(project, topic) + "k."
-	out := make([]string, 0, Slots/n)
-	for s := i; s < Slots; s += n {
-		out = append(out, prefix+slotToken(s)+".*")
-	}
-	return out
+// PartitionFilter is the subject filter of partition i of n, n a power of
+// two up to Slots: the keyed subjects whose slot mod n is i.
+func PartitionFilter(project, topic string, n, i int) string {
+	return topicPrefix(project, topic) + "k." + slotTokens(i, bits.TrailingZeros(uint(n))) + ">"
 }
 
 // PartitionConsumer is the consumer of partition i of a partitioned
 // subscription.
 func PartitionConsumer(project, sub string, i int) string {
-	return PartitionConsumerPrefix(project, sub) + slotToken(i)
+	return PartitionConsumerPrefix(project, sub) + string([]byte{'0' + byte(i/10), '0' + byte(i%10)})
 }
 
 // PartitionConsumerPrefix is the prefix every partition consumer of a
@@ -185,14 +193,18 @@ func UnkeyedSubject(project, topic string) string {
 // TokenOfSubject returns the key token of a keyed message subject.
 func TokenOfSubject(subject string) (string, bool) {
 	i := strings.LastIndexByte(subject, '.')
-	// ".k.NN." precedes the token.
-	if i < 5 || subject[i-5:i-2] != ".k." || !isDigit(subject[i-2]) || !isDigit(subject[i-1]) {
+	// ".k" and SlotBits one-digit tokens precede the token.
+	start := i - 2*SlotBits - 2
+	if start < 0 || subject[start:start+2] != ".k" {
 		return "", false
+	}
+	for j := start + 2; j < i; j += 2 {
+		if subject[j] != '.' || subject[j+1] != '0' && subject[j+1] != '1' {
+			return "", false
+		}
 	}
 	return subject[i+1:], true
 }
-
-func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
 func topicPrefix(project, topic string) string {
 	return SubjectRoot + "." + encodeName(project) + "." + encodeName(topic) + "."

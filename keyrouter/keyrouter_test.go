@@ -137,7 +137,7 @@ func TestDecodeKeyRejectsBadEncoding(t *testing.T) {
 }
 
 func TestSubjectsAndNames(t *testing.T) {
-	if got := KeyedSubject("p", "orders", "a.*"); got != "jetorder.p.orders.k."+slotToken(Slot("a.*"))+".a%2E%2A" {
+	if got := KeyedSubject("p", "orders", "a.*"); got != "jetorder.p.orders.k."+slotTokens(Slot("a.*"), SlotBits)+"a%2E%2A" {
 		t.Fatalf("KeyedSubject = %q", got)
 	}
 	if got := UnkeyedSubject("p", "or.ders"); got != "jetorder.p.or_2Eders.u" {
@@ -226,8 +226,8 @@ func FuzzKeyToken(f *testing.F) {
 		if tok, ok := TokenOfSubject(subj); !ok || tok != ta {
 			t.Fatalf("subject %q does not end in its token", subj)
 		}
-		if strings.Count(subj, ".") != 5 {
-			t.Fatalf("subject %q has a token count other than 6", subj)
+		if strings.Count(subj, ".") != 10 {
+			t.Fatalf("subject %q has a token count other than 11", subj)
 		}
 	})
 }
@@ -273,28 +273,40 @@ func TestSlotsAndPartitions(t *testing.T) {
 	}
 	// Every slot belongs to exactly one partition, for every valid count.
 	for _, n := range []int{1, 2, 4, 8, 16, 32, 64} {
-		seen := map[string]int{}
-		for i := range n {
-			for _, f := range PartitionFilters("p", "t", n, i) {
-				seen[f]++
+		for slot := range Slots {
+			subj := KeyedSubject("p", "t", "x") // shape only
+			subj = strings.Replace(subj, "k."+slotTokens(Slot("x"), SlotBits), "k."+slotTokens(slot, SlotBits), 1)
+			matches := 0
+			for i := range n {
+				if subjectMatches(PartitionFilter("p", "t", n, i), subj) {
+					matches++
+					if slot%n != i {
+						t.Errorf("%d partitions: slot %d in partition %d", n, slot, i)
+					}
+				}
+			}
+			if matches != 1 {
+				t.Errorf("%d partitions: slot %d in %d partitions", n, slot, matches)
 			}
 		}
-		if len(seen) != Slots {
-			t.Errorf("%d partitions cover %d slots, want %d", n, len(seen), Slots)
+	}
+	if got, want := PartitionFilter("p", "t", 8, 5), "jetorder.p.t.k.1.0.1.>"; got != want {
+		t.Errorf("PartitionFilter(8, 5) = %q, want %q", got, want)
+	}
+}
+
+// subjectMatches is NATS subject matching for literal subjects.
+func subjectMatches(filter, subject string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, tok := range f {
+		switch {
+		case tok == ">":
+			return len(s) > i
+		case i >= len(s):
+			return false
+		case tok != "*" && tok != s[i]:
+			return false
 		}
-		for f, c := range seen {
-			if c != 1 {
-				t.Errorf("%d partitions: filter %s in %d partitions", n, f, c)
-			}
-		}
 	}
-	subj := KeyedSubject("p", "t", "device-1")
-	want := "jetorder.p.t.k." + slotToken(Slot("device-1")) + ".*"
-	found := false
-	for _, f := range PartitionFilters("p", "t", 8, Slot("device-1")%8) {
-		found = found || f == want
-	}
-	if !found || !strings.HasPrefix(subj, strings.TrimSuffix(want, "*")) {
-		t.Errorf("subject %s is not covered by its partition's filters", subj)
-	}
+	return len(f) == len(s)
 }
