@@ -372,7 +372,10 @@ func (p *partition) fence(term int) {
 	defer r.loops.Done()
 	began := time.Now()
 	polls := 0
-	t := time.NewTicker(50 * time.Millisecond)
+	// Soon at first: a clean take-over (the first term, or an owner that
+	// handed everything back) clears as soon as the pulled batch is in.
+	wait := 2 * time.Millisecond
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
 		// Short: while a cluster elects the consumer's leader, a request
@@ -436,6 +439,8 @@ func (p *partition) fence(term int) {
 		case <-r.stopped:
 			return
 		}
+		wait = min(2*wait, 50*time.Millisecond)
+		t.Reset(wait)
 	}
 }
 
