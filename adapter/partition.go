@@ -43,7 +43,9 @@ import (
 // A key's next message starts only once the server has its predecessor's
 // ack: acks are confirmed with a round trip to the server (one for all the
 // acks sent meanwhile), so an ack lost with the connection cannot let a
-// later message overtake its redelivery.
+// later message overtake its redelivery. (In a cluster the round trip
+// reaches the server this client is connected to; an ack lost between it
+// and the consumer's leader, in a fail-over, is not covered.)
 
 // partitionGroup is the priority group every receiver pulls in.
 const partitionGroup = "jetorder"
@@ -196,6 +198,7 @@ func (p *partition) onMsg(m jetstream.Msg) {
 		seq:       meta.Sequence.Stream,
 		attempt:   meta.NumDelivered,
 		published: meta.Timestamp,
+		dseq:      meta.Sequence.Consumer,
 		pin:       pin,
 	})
 }
@@ -205,31 +208,86 @@ func (p *partition) onMsg(m jetstream.Msg) {
 // request sent before the server pinned us anew), so the server is asked
 // who owns the partition now.
 func (p *partition) onErr(_ jetstream.ConsumeContext, err error) {
-	if !errors.Is(err, jetstream.ErrPinIDMismatch) {
-		p.r.c.cfg.logger.Debug("partition pull", "subscription", p.r.sub.id, "partition", p.index, "err", err)
-		return
-	}
 	r := p.r
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if p.pin == "" || p.checkingPin || r.stopping {
+	switch {
+	case errors.Is(err, jetstream.ErrPinIDMismatch):
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		// onErr and onMsg run on the same goroutine: p.pin is the pin of
+		// the refused request, or a newer one that fences by itself.
+		p.checkPinLocked(p.pin)
+	case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrBadRequest):
+		// nats.go stops pulling for good after these.
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.stopping {
+			return
+		}
+		r.loops.Add(1)
+		go func() {
+			defer r.loops.Done()
+			ctx, cancel := r.c.withTimeout(context.Background())
+			defer cancel()
+			if _, lerr := r.sub.load(ctx); errors.Is(lerr, ErrSubscriptionNotFound) {
+				r.fail(lerr)
+				return
+			}
+			r.fail(fmt.Errorf("receive %s: partition %d: %w", r.sub, p.index, err))
+		}()
+	default:
+		r.c.cfg.logger.Debug("partition pull", "subscription", r.sub.id, "partition", p.index, "err", err)
+	}
+}
+
+// checkPinLocked asks the server, in the background, whether pin (a pin of
+// ours, or lostPin) is still the partition's.
+func (p *partition) checkPinLocked(pin string) {
+	if pin == "" || p.checkingPin || p.r.stopping {
 		return
 	}
 	p.checkingPin = true
-	r.loops.Add(1)
-	go p.checkPin()
+	p.r.loops.Add(1)
+	go p.checkPin(pin)
 }
 
-// checkPin gives the partition up if the server has pinned another client.
-func (p *partition) checkPin() {
+// checkPin settles whether pin is the partition's pin at the server,
+// asking until it gets an answer: a pin of ours that the server no longer
+// has means the partition is lost; a lost pin the server has again (the
+// refusal was for an older request) is ours again.
+func (p *partition) checkPin(pin string) {
 	r := p.r
 	defer r.loops.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
-	info, err := p.cons.Info(ctx)
-	cancel()
+	backoff := 100 * time.Millisecond
+	var info *jetstream.ConsumerInfo
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 2*time.Second))
+		var err error
+		info, err = p.cons.Info(ctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-time.After(backoff):
+			backoff = min(2*backoff, 2*time.Second)
+		case <-r.stopped:
+			r.mu.Lock()
+			p.checkingPin = false
+			r.mu.Unlock()
+			return
+		}
+	}
 	r.mu.Lock()
 	p.checkingPin = false
-	if err != nil || p.pin == "" || pinnedIn(info) == p.pin {
+	current := pinnedIn(info)
+	if pin == p.lostPin {
+		if current == pin {
+			p.lostPin = "" // its next message starts a term
+		}
+		r.mu.Unlock()
+		return
+	}
+	if p.pin != pin || current == pin {
 		r.mu.Unlock()
 		return
 	}
@@ -238,9 +296,17 @@ func (p *partition) checkPin() {
 	p.pin = ""
 	p.term++
 	p.fenced = true
-	var back []*delivery
+	// What no handler has started goes back, to the new owner; it starts
+	// none of it before the messages in our handlers are settled. It
+	// leaves our books now, so nothing of it can start here.
+	var back []string
 	for subject, g := range p.keys {
-		back = append(back, g.waiting...)
+		for _, d := range g.waiting {
+			delete(r.held, d.key)
+			p.held--
+			back = append(back, d.reply)
+		}
+		g.waiting = nil
 		g.awaiting = 0 // the new owner gets it back
 		if g.active == nil {
 			delete(p.keys, subject)
@@ -248,10 +314,8 @@ func (p *partition) checkPin() {
 	}
 	p.reportLocked()
 	r.mu.Unlock()
-	// What no handler has started goes back, to the new owner; it starts
-	// none of it before the messages in our handlers are settled.
-	for _, d := range back {
-		d.finish(ackNak)
+	for _, reply := range back {
+		_ = r.c.nc.Publish(reply, ackPayload[ackNak])
 	}
 }
 
@@ -398,12 +462,12 @@ func (p *partition) fence(term int) {
 			return
 		}
 		// Every message held here and not yet acked is unacked at the
-		// server: if the server counts no more, and its first unacked
-		// message is one of ours, nobody else holds one. (The count alone
-		// is fooled by a late ack, elsewhere, of a message redelivered
-		// here; the first unacked message catches what that hides most
-		// often.)
-		if err == nil && info.NumAckPending <= p.held-p.acking && (first == 0 || p.holdsUnackedLocked(first)) {
+		// server: if the server counts no more (of those it had delivered
+		// when it counted), and its first unacked message is one of ours,
+		// nobody else holds one. (The count alone is fooled by a late ack,
+		// elsewhere, of a message redelivered here; the first unacked
+		// message catches what that hides most often.)
+		if err == nil && info.NumAckPending <= p.unackedLocked(info.Delivered.Consumer) && (first == 0 || p.holdsUnackedLocked(first)) {
 			p.fenced = false
 			var start []*delivery
 			for subject, g := range p.keys {
@@ -442,6 +506,19 @@ func (p *partition) fence(term int) {
 		wait = min(2*wait, 50*time.Millisecond)
 		t.Reset(wait)
 	}
+}
+
+// unackedLocked counts the partition's messages held here, not acked, and
+// delivered by the time of a consumer info whose last delivery sequence
+// is upTo: what that info's unacked count should include of ours.
+func (p *partition) unackedLocked(upTo uint64) int {
+	n := 0
+	for _, d := range p.r.held {
+		if d.part == p && !d.ackSent && d.dseq <= upTo {
+			n++
+		}
+	}
+	return n
 }
 
 // holdsUnackedLocked reports whether this process holds the partition's

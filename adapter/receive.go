@@ -67,6 +67,7 @@ type delivery struct {
 	part       *partition // nil unless partitioned and keyed
 	subject    string
 	reply      string
+	dseq       uint64  // the consumer's delivery sequence (partitioned)
 	acked      ackKind // the ack or term being confirmed (partitioned)
 	ackSent    bool    // counted in part.acking; guarded by r.mu
 	msg        *Message
@@ -83,6 +84,11 @@ func (d *delivery) finish(kind ackKind) {
 			// Forgotten first: the redelivery a nack brings may come at
 			// once, and must not be taken for a copy of this one.
 			d.r.release(d, false)
+		}
+		if d.part != nil && (kind == ackAck || kind == ackTerm) {
+			// Counted as acked before the ack can reach the server, so a
+			// fence never counts it as unacked after the server has it.
+			d.r.markAckSent(d)
 		}
 		err := d.r.c.nc.Publish(d.reply, ackPayload[kind])
 		if err != nil {
@@ -311,6 +317,7 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	}
 	cancelHandlers()
 	r.workers.Wait()
+	r.confirmRemaining(nil) // what handlers acked after confirmAcks ended
 	r.deadTopicMu.Lock()
 	for _, t := range r.deadTopics {
 		t.Stop()
@@ -358,6 +365,7 @@ type arrival struct {
 	data           []byte
 	consumer       string
 	seq, attempt   uint64
+	dseq           uint64 // the consumer's delivery sequence
 	published      time.Time
 	pin            string // the pin id of a partition's term
 }
@@ -387,7 +395,7 @@ func (r *receiver) deliver(p *partition, a arrival) {
 		ReceiveTime:     now.UTC(),
 	}
 	readHeaders(a.header, msg)
-	d := &delivery{r: r, key: k, part: p, subject: a.subject, reply: a.reply, msg: msg, arrived: now, lastExtend: now}
+	d := &delivery{r: r, key: k, part: p, subject: a.subject, reply: a.reply, dseq: a.dseq, msg: msg, arrived: now, lastExtend: now}
 	msg.d = d
 
 	r.mu.Lock()
@@ -406,6 +414,8 @@ func (r *receiver) deliver(p *partition, a arrival) {
 	if p != nil && a.pin != "" && a.pin == p.lostPin {
 		// Sent in a term that has ended: the new owner's fence counts it,
 		// and it must not start here beside the new owner's handlers.
+		// (Unless the server has that pin again: checkPin finds out.)
+		p.checkPinLocked(a.pin)
 		r.mu.Unlock()
 		_ = r.c.nc.Publish(a.reply, ackPayload[ackNak])
 		return
@@ -473,15 +483,35 @@ func (r *receiver) release(d *delivery, settled bool) {
 	r.afterLaunch(now, queued)
 }
 
-// confirmLater releases d once a round trip to the server shows the server
-// has its ack.
-func (r *receiver) confirmLater(d *delivery) {
+// confirmRemaining is the last round of confirmAcks, once Receive is
+// stopping, so the books (and ReceiveStats) end square.
+func (r *receiver) confirmRemaining(unconfirmed []*delivery) {
+	r.confirmMu.Lock()
+	batch := append(r.confirmQ, unconfirmed...)
+	r.confirmQ = nil
+	r.confirmMu.Unlock()
+	if len(batch) == 0 {
+		return
+	}
+	err := r.c.nc.FlushTimeout(r.c.cfg.apiTimeout)
+	for _, d := range batch {
+		r.release(d, err == nil)
+	}
+}
+
+// markAckSent counts d, held, as acked in its partition.
+func (r *receiver) markAckSent(d *delivery) {
 	r.mu.Lock()
-	if r.held[d.key] == d {
+	if r.held[d.key] == d && !d.ackSent {
 		d.ackSent = true
 		d.part.acking++
 	}
 	r.mu.Unlock()
+}
+
+// confirmLater releases d once a round trip to the server shows the server
+// has its ack.
+func (r *receiver) confirmLater(d *delivery) {
 	r.confirmMu.Lock()
 	r.confirmQ = append(r.confirmQ, d)
 	r.confirmMu.Unlock()
@@ -509,6 +539,7 @@ func (r *receiver) confirmAcks() {
 				_ = r.c.nc.Publish(d.reply, ackPayload[d.acked])
 			}
 		case <-r.stopped:
+			r.confirmRemaining(unconfirmed)
 			return
 		}
 		r.confirmMu.Lock()

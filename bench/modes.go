@@ -28,6 +28,7 @@ var (
 	modesRate     = flag.Int("modes-rate", 10_000, "new keys per second in the delivery-modes latency run")
 	modesDuration = flag.Duration("modes-duration", 10*time.Second, "how long the delivery-modes latency run publishes")
 	modesDrain    = flag.Duration("modes-drain", 15*time.Second, "how long the latency run waits for deliveries after publishing ends")
+	modesParts    = flag.Int("modes-partitions", 0, "partitions of the partitioned subscriptions (0: the adapter's default)")
 )
 
 // rawJetStream stands beside the delivery modes for the baseline: one pull
@@ -69,9 +70,9 @@ func (b *bench) modes() {
 		t.raw = b.raw(b.name("modes-raw"), t.msgs, t.baselineAckPending)
 		fmt.Printf("   %-12s %10.0f msgs/s (one pull consumer, MaxAckPending %d)\n", rawJetStream, t.raw, t.baselineAckPending)
 		if t.layoutBaseline {
-			t.rawLayout = b.rawPartitionLayout(t.keys, t.msgs, defaultPartitions)
+			t.rawLayout = b.rawPartitionLayout(t.keys, t.msgs, partitionsOf(adapter.DeliveryPartitioned))
 			fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (%d pull consumers with the partitions' filter subjects, MaxAckPending %d each, no key gating)\n",
-				"raw-layout", t.rawLayout, t.rawLayout/t.raw, defaultPartitions, defaultPartitionBuffer)
+				"raw-layout", t.rawLayout, t.rawLayout/t.raw, partitionsOf(adapter.DeliveryPartitioned), defaultPartitionBuffer)
 		}
 		t.modes = map[adapter.DeliveryMode]throughputResult{}
 		for _, mode := range deliveryModes {
@@ -148,7 +149,7 @@ func (b *bench) modeTopic(prefix string, mode adapter.DeliveryMode) (string, *ad
 	topic, err := b.client.CreateTopic(ctx, topicID)
 	check(err)
 	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub",
-		adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: mode})
+		adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: mode, Partitions: partitionsOf(mode)})
 	check(err)
 	return topicID, sub, func() {
 		_ = topic.Delete(ctx)
@@ -441,6 +442,17 @@ type throughputCase struct {
 	layoutBaseline bool
 	rawLayout      float64
 	modes          map[adapter.DeliveryMode]throughputResult
+}
+
+// partitionsOf is the partition count the runs give mode's subscriptions.
+func partitionsOf(mode adapter.DeliveryMode) int {
+	switch {
+	case mode != adapter.DeliveryPartitioned:
+		return 0
+	case *modesParts > 0:
+		return *modesParts
+	}
+	return defaultPartitions
 }
 
 // The adapter's defaults for a partitioned subscription.
