@@ -15,9 +15,10 @@ import (
 
 // Partitioned delivery (DeliveryPartitioned).
 //
-// The topic's keyed subjects carry a slot, 00..63, a hash of the key; a
-// partitioned subscription has one pull consumer per partition, filtering
-// on the partition's slots, with the pinned-client priority policy: the
+// The topic's keyed subjects carry a slot, 0..63, a hash of the key, as six
+// one-bit tokens (keyrouter); a partitioned subscription has one pull
+// consumer per partition, whose one filter is a prefix of those tokens,
+// with the pinned-client priority policy: the
 // server delivers a partition's messages to one receiving process at a time,
 // the owner, and moves the pin to another when the owner sends no pull
 // request for the consumer's PinnedTTL (the client's owner lease).
@@ -32,13 +33,19 @@ import (
 // it was sent in. When an owner sees a new pin id, it has just (re)gained
 // the partition, and the previous owner may still have messages in its
 // handlers: the new owner starts no handler until the consumer's count of
-// unacked messages equals the number it holds itself. Every message it
-// holds is unacked at the server, so from then on every unacked message of
-// the partition is in its hands, and its gates see them all. An owner that
-// loses the pin (the server refuses its pull requests) hands back its
-// waiting messages at once and keeps extending those in handlers, so a new
-// owner waits for them to be acked, or for their deadline to pass (a dead
-// owner) and their redelivery, exactly as a per-key consumer would.
+// unacked messages equals the number it holds itself, unacked, and the
+// first unacked message (the first of the partition after the consumer's
+// ack floor) is one of them. Every message it holds and has not acked is
+// unacked at the server, so from then on every unacked message of the
+// partition is in its hands, and its gates see them all. An owner whose
+// pull request is refused asks the server who is pinned; if another
+// client is, it hands its waiting messages back at once and keeps
+// extending those in handlers, so the new owner waits for them to be
+// acked, or for their deadline to pass (a dead owner) and their
+// redelivery, exactly as a per-key consumer would. (The count can be
+// fooled by an owner that acks, late, a message its deadline let the
+// server redeliver elsewhere; the first-message check catches that when
+// the hidden message is the first unacked one. docs/RELIABILITY.md.)
 //
 // A key's next message starts only once the server has its predecessor's
 // ack: acks are confirmed with a round trip to the server (one for all the

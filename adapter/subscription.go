@@ -41,8 +41,8 @@ type SubscriptionConfig struct {
 	// at a time, in publish order. It cannot be changed after creation.
 	EnableMessageOrdering bool
 	// Delivery chooses how an ordered subscription holds each key to one
-	// message in flight: DeliveryPerKey (the default) or
-	// DeliveryPartitioned. It cannot be changed after creation, and only
+	// message in flight: DeliveryPartitioned or DeliveryPerKey; ""
+	// means DefaultDelivery. It cannot be changed after creation, and only
 	// applies with EnableMessageOrdering.
 	Delivery DeliveryMode
 	// Partitions is a partitioned subscription's partition count: 1, 2, 4,
@@ -74,8 +74,9 @@ const (
 	// DeliveryPerKey gives every active key its own JetStream consumer with
 	// MaxAckPending 1, created when the key has messages and removed when
 	// it is idle. JetStream itself holds each key to one message in flight,
-	// for every receiving process. Best for up to a few thousand active
-	// keys.
+	// for every receiving process, and a stuck key never holds up another.
+	// Consumers are created at a few hundred per second: for tens to
+	// hundreds of active keys.
 	DeliveryPerKey DeliveryMode = "per-key"
 	// DeliveryPartitioned spreads keys over a fixed number of partitions,
 	// each one consumer pinned to one receiving process (a JetStream
@@ -86,6 +87,10 @@ const (
 	DeliveryPartitioned DeliveryMode = "partitioned"
 )
 
+// DefaultDelivery is the delivery mode of ordered subscriptions created
+// without one. docs/BENCHMARKS.md has the measurements that chose it.
+const DefaultDelivery = DeliveryPartitioned
+
 const (
 	defaultPartitions      = 8
 	defaultPartitionBuffer = 1000
@@ -95,17 +100,27 @@ const (
 // deliveryRecord checks the delivery settings of cfg and returns what the
 // registry stores.
 func deliveryRecord(cfg *SubscriptionConfig) (mode DeliveryMode, partitions, buffer int, err error) {
-	switch cfg.Delivery {
-	case "", DeliveryPerKey:
+	mode = cfg.Delivery
+	if mode == "" {
+		mode = DefaultDelivery
+	}
+	switch mode {
+	case DeliveryPerKey:
 		if cfg.Partitions != 0 || cfg.PartitionBuffer != 0 {
 			return "", 0, 0, fmt.Errorf("%w: partitions are set but delivery is not %q", ErrInvalidConfig, DeliveryPartitioned)
 		}
-		return "", 0, 0, nil
+		if !cfg.EnableMessageOrdering {
+			return "", 0, 0, nil
+		}
+		return DeliveryPerKey, 0, 0, nil
 	case DeliveryPartitioned:
 	default:
 		return "", 0, 0, fmt.Errorf("%w: delivery %q; must be %q or %q", ErrInvalidConfig, cfg.Delivery, DeliveryPerKey, DeliveryPartitioned)
 	}
 	if !cfg.EnableMessageOrdering {
+		if cfg.Delivery == "" && cfg.Partitions == 0 && cfg.PartitionBuffer == 0 {
+			return "", 0, 0, nil // the default applies to ordered subscriptions only
+		}
 		return "", 0, 0, fmt.Errorf("%w: %q delivery needs message ordering", ErrInvalidConfig, DeliveryPartitioned)
 	}
 	partitions, buffer = cfg.Partitions, cfg.PartitionBuffer
@@ -163,7 +178,8 @@ type subRecord struct {
 	TopicProject string `json:"topic_project"`
 	Topic        string `json:"topic"`
 	Ordering     bool   `json:"ordering"`
-	// Delivery is "" (per key) or "partitioned".
+	// Delivery is "per-key", "partitioned", or "" for per key (records
+	// from before partitioned delivery).
 	Delivery        DeliveryMode `json:"delivery,omitempty"`
 	Partitions      int          `json:"partitions,omitempty"`
 	PartitionBuffer int          `json:"partition_buffer,omitempty"`

@@ -418,7 +418,9 @@ func (b *bench) orderedTopic(prefix string) (string, *adapter.Topic, *adapter.Su
 	topicID := b.name(prefix)
 	topic, err := b.client.CreateTopic(ctx, topicID)
 	check(err)
-	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	// Per key: these runs measure per-key consumers (the modes run compares
+	// both modes).
+	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPerKey})
 	check(err)
 	return topicID, topic, sub, func() {
 		_ = sub.Delete(ctx)

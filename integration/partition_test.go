@@ -23,8 +23,8 @@ import (
 
 // Partitioned delivery's owner fail-over: a partition's new owner must not
 // start a key's next message while its predecessor may still be in the
-// previous owner's handler. The shared suite (JETORDER_TEST_DELIVERY)
-// covers the rest of the guarantees.
+// previous owner's handler. The shared suite, which make test runs in both
+// modes (JETORDER_TEST_DELIVERY), covers the rest of the guarantees.
 
 // partEvent is one handler call of a fail-over test.
 type partEvent struct {

@@ -53,7 +53,7 @@ func parseConfig(args []string) (config, error) {
 	str(&c.Project, "project", "default", "project of HTTP routes that name none")
 	str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	var delivery, replicas, maxOutstanding, maxStreams, shutdown string
-	str(&delivery, "delivery", "per-key", `delivery of ordered subscriptions created without a jetorder-delivery label: "per-key" or "partitioned" (docs/SIDECAR.md)`)
+	str(&delivery, "delivery", string(adapter.DefaultDelivery), `delivery of ordered subscriptions created without a jetorder-delivery label: "per-key" or "partitioned" (docs/SIDECAR.md)`)
 	str(&replicas, "replicas", "1", "replicas of the streams and buckets the sidecar creates (3 in a cluster)")
 	str(&maxOutstanding, "max-outstanding-messages", "1000", "messages one subscription holds in the sidecar: with clients or waiting for one")
 	str(&maxStreams, "max-streams", "1000", "open StreamingPull streams")

@@ -48,7 +48,7 @@ type Config struct {
 	// Default 5s.
 	PullWait time.Duration
 	// Delivery is the delivery mode of ordered subscriptions created
-	// without a jetorder-delivery label. Default per key.
+	// without a jetorder-delivery label. Default adapter.DefaultDelivery.
 	Delivery adapter.DeliveryMode
 	Logger   *slog.Logger
 }

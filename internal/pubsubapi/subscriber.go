@@ -209,7 +209,7 @@ func (s *Server) delivery(cfg *adapter.SubscriptionConfig) error {
 	if !ok {
 		mode = string(s.cfg.Delivery)
 		if mode == "" {
-			mode = string(adapter.DeliveryPerKey)
+			mode = string(adapter.DefaultDelivery)
 		}
 	}
 	cfg.Delivery = adapter.DeliveryMode(mode)
