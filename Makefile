@@ -7,11 +7,11 @@ GO ?= go
 run:
 	$(GO) run ./cmd/sidecar --data-dir ./data --nats-listen 127.0.0.1:4222
 
-## test: vet and run every test with the race detector; the integration suite runs twice, the second time with per-key delivery
+## test: vet and run every test with the race detector; the integration suite runs twice, the second time with partitioned delivery
 test:
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
-	JETORDER_TEST_DELIVERY=per-key $(GO) test -race -timeout 20m ./integration
+	JETORDER_TEST_DELIVERY=partitioned $(GO) test -race -timeout 20m ./integration
 
 ## bench: throughput, latency and memory against raw JetStream baselines
 bench:
