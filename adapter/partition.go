@@ -107,13 +107,14 @@ func (r *subRecord) partitionConsumerConfig(pinTTL time.Duration, i int) jetstre
 }
 
 // partition is one partition of a partitioned subscription, as one Receive
-// call sees it. Every field after cons is guarded by r.mu.
+// call sees it. Every field after stream is guarded by r.mu.
 type partition struct {
 	r     *receiver
 	index int
 	limit int
 	cons  jetstream.Consumer
-	// stream is the topic's stream, for unpinning.
+	// stream is the topic's stream: the fence reads the first unacked
+	// message from it, and unpin goes through it.
 	stream jetstream.Stream
 
 	pin     string // pin id of the current term; "" when not the owner
