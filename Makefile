@@ -11,7 +11,8 @@ run:
 test:
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
-	JETORDER_TEST_DELIVERY=partitioned $(GO) test -race -timeout 20m ./integration
+	# -count=1: the test cache does not see the variable (read at package init)
+	JETORDER_TEST_DELIVERY=partitioned $(GO) test -race -count=1 -timeout 20m ./integration
 
 ## bench: throughput, latency and memory against raw JetStream baselines
 bench:
