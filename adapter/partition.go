@@ -236,8 +236,13 @@ func (p *partition) onErr(_ jetstream.ConsumeContext, err error) {
 			defer r.loops.Done()
 			ctx, cancel := r.c.withTimeout(context.Background())
 			defer cancel()
+			// Gone with its subscription or its topic, most likely: say so.
 			if _, lerr := r.sub.load(ctx); errors.Is(lerr, ErrSubscriptionNotFound) {
 				r.fail(lerr)
+				return
+			}
+			if terr := r.c.checkTopic(ctx, r.rec); errors.Is(terr, ErrTopicDeleted) {
+				r.fail(terr)
 				return
 			}
 			r.fail(fmt.Errorf("receive %s: partition %d: %w", r.sub, p.index, err))
