@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -122,7 +123,6 @@ type partition struct {
 	term    int    // counts pin changes, so a stale fence check stands down
 	fenced  bool   // no handler starts: the term is new, or the pin is lost
 	held    int    // messages of the partition this process holds
-	acking  int    // of those, how many have their ack or term sent
 	// checkingPin is set while checkPin asks the server who owns it.
 	checkingPin bool
 	keys        map[string]*keyGate
@@ -358,43 +358,34 @@ func (p *partition) addLocked(d *delivery, pin string) []*delivery {
 		g.awaiting = 0
 	}
 	i, _ := slices.BinarySearchFunc(g.waiting, d.key.seq, func(w *delivery, seq uint64) int {
-		return compareSeq(w.key.seq, seq)
+		return cmp.Compare(w.key.seq, seq)
 	})
 	g.waiting = slices.Insert(g.waiting, i, d)
 	p.reportLocked()
-	return p.pumpLocked(g, nil)
+	return p.pumpLocked(d.subject, g, nil)
 }
 
-func compareSeq(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
+// pumpLocked moves the first waiting message of the key subject (gate g)
+// into a handler if the key is free, appending it to out, and forgets the
+// gate once it holds nothing.
+func (p *partition) pumpLocked(subject string, g *keyGate, out []*delivery) []*delivery {
+	if !p.fenced && !p.r.stopping && g.active == nil && g.awaiting == 0 && len(g.waiting) > 0 {
+		d := g.waiting[0]
+		g.waiting[0] = nil
+		g.waiting = g.waiting[1:]
+		g.active = d
+		out = append(out, d)
 	}
-	return 0
-}
-
-// pumpLocked moves g's first waiting message into a handler if the key is
-// free.
-func (p *partition) pumpLocked(g *keyGate, out []*delivery) []*delivery {
-	if p.fenced || p.r.stopping || g.active != nil || g.awaiting != 0 || len(g.waiting) == 0 {
-		return out
+	if g.idle() {
+		delete(p.keys, subject)
 	}
-	d := g.waiting[0]
-	g.waiting[0] = nil
-	g.waiting = g.waiting[1:]
-	g.active = d
-	return append(out, d)
+	return out
 }
 
 // releaseLocked forgets d, held until now, and returns what may start now.
 // settled says the server has d's ack (or term); otherwise d comes back.
 func (p *partition) releaseLocked(d *delivery, settled bool) []*delivery {
 	p.held--
-	if d.ackSent {
-		p.acking--
-	}
 	p.reportLocked()
 	g := p.keys[d.subject]
 	if g == nil {
@@ -409,11 +400,7 @@ func (p *partition) releaseLocked(d *delivery, settled bool) []*delivery {
 	} else if i := slices.Index(g.waiting, d); i >= 0 {
 		g.waiting = slices.Delete(g.waiting, i, i+1)
 	}
-	out := p.pumpLocked(g, nil)
-	if g.idle() {
-		delete(p.keys, d.subject)
-	}
-	return out
+	return p.pumpLocked(d.subject, g, nil)
 }
 
 // settledLateLocked handles the ack of a message whose handler returned
@@ -424,11 +411,7 @@ func (p *partition) settledLateLocked(d *delivery) []*delivery {
 		return nil
 	}
 	g.awaiting = 0
-	out := p.pumpLocked(g, nil)
-	if g.idle() {
-		delete(p.keys, d.subject)
-	}
-	return out
+	return p.pumpLocked(d.subject, g, nil)
 }
 
 // newTermLocked starts an ownership term: nothing starts until the fence
@@ -487,10 +470,7 @@ func (p *partition) fence(term int) {
 				// A message handed back in an earlier term is either held
 				// here now or was acked meanwhile.
 				g.awaiting = 0
-				start = p.pumpLocked(g, start)
-				if g.idle() {
-					delete(p.keys, subject)
-				}
+				start = p.pumpLocked(subject, g, start)
 			}
 			p.reportLocked()
 			now, queued := r.launchLocked(start)
@@ -508,7 +488,7 @@ func (p *partition) fence(term int) {
 				pending = info.NumAckPending
 			}
 			r.c.cfg.logger.Debug("partition waits for the previous owner's messages", "subscription", r.sub.id, "partition", p.index,
-				"server_unacked", pending, "held", p.held, "acking", p.acking, "waited", time.Since(began), "err", err)
+				"server_unacked", pending, "held", p.held, "waited", time.Since(began), "err", err)
 		}
 		r.mu.Unlock()
 		select {
@@ -573,8 +553,9 @@ func (p *partition) reportLocked() {
 // has (removed by the topic's retention): it will never come back.
 func (r *receiver) checkAwaiting(ctx context.Context) {
 	type wait struct {
-		p   *partition
-		seq uint64
+		p       *partition
+		subject string
+		seq     uint64
 	}
 	var due []wait
 	limit := 2 * r.rec.ackDeadline()
@@ -585,9 +566,9 @@ func (r *receiver) checkAwaiting(ctx context.Context) {
 		}
 		for subject, g := range p.keys {
 			if g.awaiting != 0 && time.Since(g.awaitingSince) > limit {
-				due = append(due, wait{p, g.awaiting})
+				due = append(due, wait{p, subject, g.awaiting})
 				r.c.cfg.logger.Debug("key waits for a message to come back", "subscription", r.sub.id, "partition", p.index,
-					"subject", subject, "seq", g.awaiting, "for", time.Since(g.awaitingSince), "fenced", p.fenced, "held", p.held)
+					"subject", subject, "seq", g.awaiting, "for", time.Since(g.awaitingSince), "held", p.held)
 			}
 		}
 	}
@@ -605,14 +586,9 @@ func (r *receiver) checkAwaiting(ctx context.Context) {
 		}
 		r.mu.Lock()
 		var start []*delivery
-		for subject, g := range w.p.keys {
-			if g.awaiting == w.seq {
-				g.awaiting = 0
-				start = w.p.pumpLocked(g, start)
-				if g.idle() {
-					delete(w.p.keys, subject)
-				}
-			}
+		if g := w.p.keys[w.subject]; g != nil && g.awaiting == w.seq {
+			g.awaiting = 0
+			start = w.p.pumpLocked(w.subject, g, nil)
 		}
 		now, queued := r.launchLocked(start)
 		r.mu.Unlock()

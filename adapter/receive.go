@@ -69,7 +69,7 @@ type delivery struct {
 	reply      string
 	dseq       uint64  // the consumer's delivery sequence (partitioned)
 	acked      ackKind // the ack or term being confirmed (partitioned)
-	ackSent    bool    // counted in part.acking; guarded by r.mu
+	ackSent    bool    // its ack or term was sent; guarded by r.mu
 	msg        *Message
 	arrived    time.Time
 	lastExtend time.Time // guarded by r.mu
@@ -499,12 +499,12 @@ func (r *receiver) confirmRemaining(unconfirmed []*delivery) {
 	}
 }
 
-// markAckSent counts d, held, as acked in its partition.
+// markAckSent records that d's ack is on its way: a fence no longer
+// counts it as unacked.
 func (r *receiver) markAckSent(d *delivery) {
 	r.mu.Lock()
 	if r.held[d.key] == d && !d.ackSent {
 		d.ackSent = true
-		d.part.acking++
 	}
 	r.mu.Unlock()
 }

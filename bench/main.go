@@ -274,20 +274,27 @@ func (b *bench) raw(stream string, msgs, maxAckPending int) float64 {
 	b.fill(func(int) string { return subj }, func(int) nats.Header { return nil }, msgs)
 	cons, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: maxAckPending})
 	check(err)
+	return consumeAndAck(msgs, cons)
+}
+
+// consumeAndAck consumes and acks msgs messages from the consumers
+// together and returns their rate, from the first delivery to the last.
+func consumeAndAck(msgs int, consumers ...jetstream.Consumer) float64 {
 	var got, first atomic.Int64
 	done := make(chan struct{})
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		first.CompareAndSwap(0, time.Now().UnixNano())
-		_ = m.Ack()
-		if got.Add(1) == int64(msgs) {
-			close(done)
-		}
-	})
-	check(err)
+	for _, cons := range consumers {
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			first.CompareAndSwap(0, time.Now().UnixNano())
+			_ = m.Ack()
+			if got.Add(1) == int64(msgs) {
+				close(done)
+			}
+		})
+		check(err)
+		defer cc.Stop()
+	}
 	<-done
-	rate := float64(msgs-1) / time.Since(time.Unix(0, first.Load())).Seconds()
-	cc.Stop()
-	return rate
+	return float64(msgs-1) / time.Since(time.Unix(0, first.Load())).Seconds()
 }
 
 // rawPush times one push consumer with MaxAckPending 1 delivering to a

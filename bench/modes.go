@@ -473,8 +473,7 @@ func (b *bench) rawPartitionLayout(keys, msgs, partitions int) float64 {
 	defer func() { _ = topic.Delete(ctx) }()
 	subject, hdr := keyed(topicID, "key", keys)
 	b.fill(subject, hdr, msgs)
-	var got, first atomic.Int64
-	done := make(chan struct{})
+	var consumers []jetstream.Consumer
 	for i := range partitions {
 		cons, err := b.js.CreateConsumer(ctx, keyrouter.StreamName(project, topicID), jetstream.ConsumerConfig{
 			Durable:       "p" + strconv.Itoa(i),
@@ -483,18 +482,9 @@ func (b *bench) rawPartitionLayout(keys, msgs, partitions int) float64 {
 			FilterSubject: keyrouter.PartitionFilter(project, topicID, partitions, i),
 		})
 		check(err)
-		cc, err := cons.Consume(func(m jetstream.Msg) {
-			first.CompareAndSwap(0, time.Now().UnixNano())
-			_ = m.Ack()
-			if got.Add(1) == int64(msgs) {
-				close(done)
-			}
-		})
-		check(err)
-		defer cc.Stop()
+		consumers = append(consumers, cons)
 	}
-	<-done
-	return float64(msgs-1) / time.Since(time.Unix(0, first.Load())).Seconds()
+	return consumeAndAck(msgs, consumers...)
 }
 
 // modeThroughput times an ordered subscription in mode delivering msgs
