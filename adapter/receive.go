@@ -80,28 +80,27 @@ type delivery struct {
 // wins, later ones do nothing.
 func (d *delivery) finish(kind ackKind) {
 	d.once.Do(func() {
-		if d.part == nil || kind == ackNak {
-			// Forgotten first: the redelivery a nack brings may come at
-			// once, and must not be taken for a copy of this one.
-			d.r.release(d, false)
-		}
-		if d.part != nil && (kind == ackAck || kind == ackTerm) {
+		// A partitioned key's ack is confirmed before its next message
+		// starts; everything else is forgotten at once (for a nack, before
+		// it is sent: its redelivery may come at once, and must not be taken
+		// for a copy of this one).
+		confirm := d.part != nil && (kind == ackAck || kind == ackTerm)
+		if confirm {
 			// Counted as acked before the ack can reach the server, so a
 			// fence never counts it as unacked after the server has it.
 			d.r.markAckSent(d)
+		} else {
+			d.r.release(d, false)
 		}
 		err := d.r.c.nc.Publish(d.reply, ackPayload[kind])
-		if err != nil {
-			d.r.c.cfg.logger.Warn("ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)
-		}
-		if d.part == nil {
-			return
-		}
-		if kind == ackAck || kind == ackTerm {
-			// The key's next message starts once the server has this ack.
+		if confirm {
+			// confirmAcks sends it again if it did not go.
 			d.acked = kind
 			d.r.confirmLater(d)
 			return
+		}
+		if err != nil {
+			d.r.c.cfg.logger.Warn("ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)
 		}
 	})
 }
