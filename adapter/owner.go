@@ -579,12 +579,9 @@ func (o *owner) consumerInfo(ctx context.Context, name string) (*jetstream.Consu
 
 // lastSeq is the stream sequence of the subject's last message, 0 if none.
 func (o *owner) lastSeq(ctx context.Context, subject string) (uint64, error) {
-	m, err := o.stream.GetLastMsgForSubject(ctx, subject)
+	seq, err := o.c.leaderMsgSeq(ctx, o.rec.stream(), msgGetRequest{LastBySubj: subject})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil
 	}
-	if err != nil {
-		return 0, err
-	}
-	return m.Sequence, nil
+	return seq, err
 }

@@ -33,14 +33,16 @@ import (
 // Ownership terms. Every delivered message carries the pin id of the term
 // it was sent in. When an owner sees a new pin id, it has just (re)gained
 // the partition, and the previous owner may still have messages in its
-// handlers: the new owner starts no handler until the consumer's count of
-// unacked messages equals the number it holds itself, unacked, and the
-// first unacked message (the first of the partition after the consumer's
-// ack floor) is one of them. Every message it holds and has not acked is
-// unacked at the server, so from then on every unacked message of the
-// partition is in its hands, and its gates see them all. An owner whose
-// pull request is refused asks the server who is pinned; if another
-// client is, it hands its waiting messages back at once and keeps
+// handlers. Within a term, a gap in the consumer's delivery sequence means
+// a delivery was lost on the way: a message unacked at the server that no
+// gate holds. Either way the owner fences: it starts no handler until the
+// consumer's count of unacked messages equals the number it holds itself,
+// unacked, and the first unacked message (the first of the partition after
+// the consumer's ack floor) is one of them. Every message it holds and has
+// not acked is unacked at the server, so from then on every unacked
+// message of the partition is in its hands, and its gates see them all.
+// An owner whose pull request is refused asks the server who is pinned; if
+// another client is, it hands its waiting messages back at once and keeps
 // extending those in handlers, so the new owner waits for them to be
 // acked, or for their deadline to pass (a dead owner) and their
 // redelivery, exactly as a per-key consumer would. (The count can be
@@ -114,15 +116,21 @@ type partition struct {
 	index int
 	limit int
 	cons  jetstream.Consumer
-	// stream is the topic's stream: the fence reads the first unacked
-	// message from it, and unpin goes through it.
+	// stream is the topic's stream: unpin goes through it.
 	stream jetstream.Stream
 
 	pin     string // pin id of the current term; "" when not the owner
 	lostPin string // the pin of the last term that ended with a refusal
-	term    int    // counts pin changes, so a stale fence check stands down
-	fenced  bool   // no handler starts: the term is new, or the pin is lost
-	held    int    // messages of the partition this process holds
+	// fences counts fence checks begun (at each new term and each
+	// delivery gap), so a stale one stands down.
+	fences int
+	// fenced: no handler starts. The term is new, a delivery was lost on
+	// the way, or the pin is lost.
+	fenced bool
+	// lastDseq is the consumer delivery sequence of the term's last
+	// arrival.
+	lastDseq uint64
+	held     int // messages of the partition this process holds
 	// checkingPin is set while checkPin asks the server who owns it.
 	checkingPin bool
 	keys        map[string]*keyGate
@@ -307,7 +315,7 @@ func (p *partition) checkPin(pin string) {
 	r.c.cfg.logger.Info("lost partition to another receiver", "subscription", r.sub.id, "partition", p.index)
 	p.lostPin = p.pin
 	p.pin = ""
-	p.term++
+	p.fences++ // a running fence check stands down
 	p.fenced = true
 	// What no handler has started goes back, to the new owner; it starts
 	// none of it before the messages in our handlers are settled. It
@@ -344,10 +352,7 @@ func pinnedIn(info *jetstream.ConsumerInfo) string {
 
 // addLocked takes a new delivery into its key's gate and returns what may
 // start now.
-func (p *partition) addLocked(d *delivery, pin string) []*delivery {
-	if pin != p.pin {
-		p.newTermLocked(pin)
-	}
+func (p *partition) addLocked(d *delivery) []*delivery {
 	p.held++
 	g := p.keys[d.subject]
 	if g == nil {
@@ -414,20 +419,44 @@ func (p *partition) settledLateLocked(d *delivery) []*delivery {
 	return p.pumpLocked(d.subject, g, nil)
 }
 
-// newTermLocked starts an ownership term: nothing starts until the fence
-// check finds every unacked message of the partition in our hands.
-func (p *partition) newTermLocked(pin string) {
-	p.pin = pin
-	p.term++
+// arrivedLocked notes a delivery of the partition, sent in the term of
+// pin with consumer delivery sequence dseq, before it is taken in.
+//
+// A new pin starts an ownership term. Within a term the server numbers
+// its deliveries of the consumer 1, 2, 3, ... and sends them all here, so
+// a gap means a delivery was lost on the way: with a connection that
+// dropped, say, or a subscription that fell behind. The server counts that
+// message as delivered here while no gate holds it, and its key's next
+// message must not start before it. Either way the partition fences: the
+// check passes once every unacked message is in our hands again (the lost
+// one comes back when its ack deadline passes).
+func (p *partition) arrivedLocked(pin string, dseq uint64) {
+	switch {
+	case p.r.stopping || (pin != "" && pin == p.lostPin):
+		return // the delivery is handed back, unseen
+	case pin != p.pin:
+		p.pin = pin
+		p.fenceLocked()
+	case dseq != p.lastDseq+1:
+		p.r.c.cfg.logger.Info("partition delivery gap: a delivery was lost on the way; fenced until it comes back", "subscription", p.r.sub.id, "partition", p.index,
+			"expected", p.lastDseq+1, "got", dseq)
+		p.fenceLocked()
+	}
+	p.lastDseq = dseq
+}
+
+// fenceLocked stops handlers from starting until the fence check finds
+// every unacked message of the partition in our hands.
+func (p *partition) fenceLocked() {
+	p.fences++
 	p.fenced = true
-	term := p.term
 	p.r.loops.Add(1)
-	go p.fence(term)
+	go p.fence(p.fences)
 }
 
 // fence waits until the consumer's unacked messages are all held here,
-// then lets the term's handlers start.
-func (p *partition) fence(term int) {
+// then lets handlers start.
+func (p *partition) fence(n int) {
 	r := p.r
 	defer r.loops.Done()
 	began := time.Now()
@@ -446,14 +475,11 @@ func (p *partition) fence(term int) {
 		// consumer's ack floor.
 		var first uint64
 		if err == nil && info.NumAckPending > 0 {
-			var m *jetstream.RawStreamMsg
-			if m, err = p.stream.GetMsg(ctx, info.AckFloor.Stream+1, jetstream.WithGetMsgSubject(info.Config.FilterSubject)); err == nil {
-				first = m.Sequence
-			}
+			first, err = r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: info.AckFloor.Stream + 1, NextBySubj: info.Config.FilterSubject})
 		}
 		cancel()
 		r.mu.Lock()
-		if p.term != term || r.stopping {
+		if p.fences != n || r.stopping {
 			r.mu.Unlock()
 			return
 		}
@@ -467,7 +493,7 @@ func (p *partition) fence(term int) {
 			p.fenced = false
 			var start []*delivery
 			for subject, g := range p.keys {
-				// A message handed back in an earlier term is either held
+				// A message handed back before the fence is either held
 				// here now or was acked meanwhile.
 				g.awaiting = 0
 				start = p.pumpLocked(subject, g, start)
@@ -576,17 +602,15 @@ func (r *receiver) checkAwaiting(ctx context.Context) {
 	if len(due) == 0 {
 		return
 	}
-	stream, err := r.c.js.Stream(ctx, r.rec.stream())
-	if err != nil {
-		return
-	}
 	for _, w := range due {
-		if _, err := stream.GetMsg(ctx, w.seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		if _, err := r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: w.seq}); !errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
 		r.mu.Lock()
 		var start []*delivery
 		if g := w.p.keys[w.subject]; g != nil && g.awaiting == w.seq {
+			r.c.cfg.logger.Warn("key no longer waits for a message the stream does not have", "subscription", r.sub.id, "partition", w.p.index,
+				"subject", w.subject, "seq", w.seq)
 			g.awaiting = 0
 			start = w.p.pumpLocked(w.subject, g, nil)
 		}

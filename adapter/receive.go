@@ -398,6 +398,9 @@ func (r *receiver) deliver(p *partition, a arrival) {
 	msg.d = d
 
 	r.mu.Lock()
+	if p != nil {
+		p.arrivedLocked(a.pin, a.dseq)
+	}
 	if _, dup := r.held[k]; dup {
 		// A redelivery of a message this process still holds (its deadline
 		// passed while it waited): keep the copy we have. Even when
@@ -422,7 +425,7 @@ func (r *receiver) deliver(p *partition, a arrival) {
 	r.held[k] = d
 	var start []*delivery
 	if p != nil {
-		start = p.addLocked(d, a.pin)
+		start = p.addLocked(d)
 	} else {
 		start = []*delivery{d}
 	}

@@ -1,7 +1,7 @@
 // Package faultproxy is a TCP proxy for tests that puts a misbehaving
 // network between a NATS client and its server: it can hold back the
 // server's replies (as a congested or partitioned return path would) while
-// the client's messages still reach the server.
+// the client's messages still reach the server, and cut connections.
 package faultproxy
 
 import (
@@ -53,6 +53,19 @@ func (p *Proxy) HoldReplies() {
 // ReleaseReplies forwards everything held, and later replies at once.
 func (p *Proxy) ReleaseReplies() {
 	p.mu.Lock()
+	p.held = false
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// Cut closes every connection, dropping the replies held back, as a
+// network that fails loses what it was carrying; new connections are
+// accepted as before, and replies flow again.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	for c := range p.conns {
+		c.Close()
+	}
 	p.held = false
 	p.cond.Broadcast()
 	p.mu.Unlock()
