@@ -7,12 +7,12 @@ GO ?= go
 run:
 	$(GO) run ./cmd/sidecar --data-dir ./data --nats-listen 127.0.0.1:4222
 
-## test: vet and run every test with the race detector; the integration suite runs twice, the second time with partitioned delivery
+## test: vet and run every test with the race detector; the integration suite runs twice, the second time with per-key delivery
 test:
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
 	# -count=1: the test cache does not see the variable (read at package init)
-	JETORDER_TEST_DELIVERY=partitioned $(GO) test -race -count=1 -timeout 20m ./integration
+	JETORDER_TEST_DELIVERY=per-key $(GO) test -race -count=1 -timeout 20m ./integration
 
 ## bench: throughput, latency and memory against raw JetStream baselines
 bench:

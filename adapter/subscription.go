@@ -88,11 +88,9 @@ const (
 )
 
 // DefaultDelivery is the delivery mode of ordered subscriptions created
-// without one. Partitioned delivery won every benchmark
-// (docs/BENCHMARKS.md), but per key stays the default until the
-// partitioned mode passes the cluster follower-kill fault test reliably
-// (docs/RELIABILITY.md, "Partitioned delivery").
-const DefaultDelivery = DeliveryPerKey
+// without one: partitioned delivery won every benchmark, from one key to
+// 100,000 (docs/BENCHMARKS.md, "Delivery modes").
+const DefaultDelivery = DeliveryPartitioned
 
 const (
 	defaultPartitions      = 8

@@ -64,9 +64,9 @@ func (e *env) createTopic(id string) *adapter.Topic {
 }
 
 // testDelivery is the delivery mode of the ordered subscriptions the
-// tests create without choosing one: JETORDER_TEST_DELIVERY=partitioned
-// runs the shared behaviour suite against partitioned delivery instead of
-// the default, per key (make test runs it both ways).
+// tests create without choosing one: JETORDER_TEST_DELIVERY=per-key runs
+// the shared behaviour suite against per-key delivery instead of the
+// default, partitioned (make test runs it both ways).
 var testDelivery = adapter.DeliveryMode(os.Getenv("JETORDER_TEST_DELIVERY"))
 
 // withTestDelivery applies testDelivery to cfg.

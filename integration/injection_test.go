@@ -458,7 +458,7 @@ func TestInjectionNamesLibrary(t *testing.T) {
 			defer tp.Stop()
 			topics[n.project+"/"+n.topic] = tp
 		}
-		if _, err := c.CreateSubscription(ctx, n.sub, adapter.SubscriptionConfig{Topic: tp, EnableMessageOrdering: true, AckDeadline: time.Minute}); err != nil {
+		if _, err := c.CreateSubscription(ctx, n.sub, withTestDelivery(adapter.SubscriptionConfig{Topic: tp, EnableMessageOrdering: true, AckDeadline: time.Minute})); err != nil {
 			t.Fatalf("CreateSubscription(%s/%s): %v", n.project, n.sub, err)
 		}
 	}
