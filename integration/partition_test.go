@@ -296,6 +296,52 @@ func TestPartitionDeliveryLostOnTheWay(t *testing.T) {
 	}
 }
 
+// A key whose nacked message the stream no longer has (removed by the
+// topic's retention, or deleted) would wait for it for ever: the owner
+// finds it gone, at the stream's leader, and lets the key move on.
+func TestPartitionKeyMovesOnWhenItsMessageIsGone(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("gone")
+	sub := e.createSub("gone-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: time.Second,
+		Delivery: adapter.DeliveryPartitioned, Partitions: 1})
+	stream, err := jetstreamOf(t, e).Stream(context.Background(), keyrouter.StreamName(project, "gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &partLog{}
+	deleted := make(chan error, 1)
+	startReceive(t, sub, func(ctx context.Context, m *adapter.Message) {
+		if ev := log.add("R", m); ev.index == 0 {
+			// Gone from the stream while it is in the handler; then handed
+			// back, so the key waits for it to come again.
+			deleted <- stream.DeleteMsg(ctx, m.StreamSequence)
+			m.Nack()
+			return
+		}
+		log.ack(m)
+	})
+	publish(t, topic, string(ordercheck.Encode("k", 0)), "k")
+	publish(t, topic, string(ordercheck.Encode("k", 1)), "k")
+	select {
+	case err := <-deleted:
+		if err != nil {
+			t.Fatalf("delete k|0: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("k|0 never delivered")
+	}
+	nacked := time.Now()
+	testutil.Eventually(t, 15*time.Second, func() bool { _, ok := log.ackedAt("k", 1); return ok }, "k|1 never delivered after k|0 was gone: %s", log.String)
+	one, _ := log.first("R", "k", 1)
+	// The owner checks keys that waited over two ack deadlines.
+	if waited := one.at.Sub(nacked); waited < 2*time.Second {
+		t.Fatalf("k|1 started %v after k|0 was nacked, before the owner could know k|0 is gone:\n%s", waited, log)
+	}
+	if n := strings.Count(log.String(), "k|0"); n != 1 {
+		t.Fatalf("k|0 delivered %d times, once expected (it is gone):\n%s", n, log)
+	}
+}
+
 // deliveredWithin reports whether who gets key's message index within d.
 func deliveredWithin(l *partLog, who, key string, index int, d time.Duration) bool {
 	deadline := time.Now().Add(d)
