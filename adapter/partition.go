@@ -149,7 +149,10 @@ type keyGate struct {
 	// the key starts until it is delivered again.
 	awaiting      uint64
 	awaitingSince time.Time
-	waiting       []*delivery // by stream sequence
+	// goneOnce is an awaited message the stream's leader said once it does
+	// not have; a second answer in a row lets the key move on.
+	goneOnce uint64
+	waiting  []*delivery // by stream sequence
 }
 
 func (g *keyGate) idle() bool { return g.active == nil && g.awaiting == 0 && len(g.waiting) == 0 }
@@ -197,6 +200,9 @@ func (r *receiver) startPartitions(ctx context.Context) ([]jetstream.ConsumeCont
 func (p *partition) onMsg(m jetstream.Msg) {
 	meta, err := m.Metadata()
 	if err != nil {
+		// Not a JetStream delivery: nothing to ack. (Should one be lost this
+		// way, the partition fences at the gap it leaves.)
+		p.r.c.cfg.logger.Warn("partition message without JetStream metadata dropped", "subscription", p.r.sub.id, "partition", p.index, "err", err)
 		return
 	}
 	h := m.Headers()
@@ -472,10 +478,16 @@ func (p *partition) fence(n int) {
 		ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, time.Second))
 		info, err := p.cons.Info(ctx)
 		// The first unacked message: the first of the partition after the
-		// consumer's ack floor.
+		// consumer's ack floor. Looked up only when the count can match:
+		// it costs the stream's leader a message read.
 		var first uint64
 		if err == nil && info.NumAckPending > 0 {
-			first, err = r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: info.AckFloor.Stream + 1, NextBySubj: info.Config.FilterSubject})
+			r.mu.Lock()
+			ours := p.unackedLocked(info.Delivered.Consumer, 0)
+			r.mu.Unlock()
+			if info.NumAckPending <= ours {
+				first, err = r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: info.AckFloor.Stream + 1, NextBySubj: info.Config.FilterSubject})
+			}
 		}
 		cancel()
 		r.mu.Lock()
@@ -483,13 +495,7 @@ func (p *partition) fence(n int) {
 			r.mu.Unlock()
 			return
 		}
-		// Every message held here and not yet acked is unacked at the
-		// server: if the server counts no more (of those it had delivered
-		// when it counted), and its first unacked message is one of ours,
-		// nobody else holds one. (The count alone is fooled by a late ack,
-		// elsewhere, of a message redelivered here; the first unacked
-		// message catches what that hides most often.)
-		if err == nil && info.NumAckPending <= p.unackedLocked(info.Delivered.Consumer) && (first == 0 || p.holdsUnackedLocked(first)) {
+		if err == nil && p.othersSettledLocked(info, first) {
 			p.fenced = false
 			var start []*delivery
 			for subject, g := range p.keys {
@@ -522,18 +528,44 @@ func (p *partition) fence(n int) {
 		case <-r.stopped:
 			return
 		}
-		wait = min(2*wait, 50*time.Millisecond)
+		// A fence that waits for an ack deadline (a dead owner's messages,
+		// a delivery lost on the way) polls less often.
+		most := 50 * time.Millisecond
+		if time.Since(began) > time.Second {
+			most = 250 * time.Millisecond
+		}
+		wait = min(2*wait, most)
 		t.Reset(wait)
 	}
 }
 
-// unackedLocked counts the partition's messages held here, not acked, and
+// othersSettledLocked is the fence's test, on a consumer info and the
+// first unacked message it implies (0 if not looked up): every unacked
+// message of the partition is held here.
+//
+// Every message held here and not yet acked is unacked at the server: if
+// the server counts no more (of those it had delivered when it counted,
+// and still has), and its first unacked message is one of ours, nobody
+// else holds one. (The count alone is fooled by a late ack, elsewhere, of
+// a message redelivered here; the first unacked message catches what that
+// hides most often. Counting a message the stream has removed meanwhile
+// would hide one more.)
+func (p *partition) othersSettledLocked(info *jetstream.ConsumerInfo, first uint64) bool {
+	if info.NumAckPending == 0 {
+		return true
+	}
+	return first != 0 && p.holdsUnackedLocked(first) && info.NumAckPending <= p.unackedLocked(info.Delivered.Consumer, first)
+}
+
+// unackedLocked counts the partition's messages held here, not acked,
 // delivered by the time of a consumer info whose last delivery sequence
-// is upTo: what that info's unacked count should include of ours.
-func (p *partition) unackedLocked(upTo uint64) int {
+// is upTo, and at or after the stream sequence from (the first unacked
+// message: those before it are acked or gone from the stream): what that
+// info's unacked count should include of ours.
+func (p *partition) unackedLocked(upTo, from uint64) int {
 	n := 0
 	for _, d := range p.r.held {
-		if d.part == p && !d.ackSent && d.dseq <= upTo {
+		if d.part == p && !d.ackSent && d.dseq <= upTo && d.key.seq >= from {
 			n++
 		}
 	}
@@ -576,7 +608,9 @@ func (p *partition) reportLocked() {
 }
 
 // checkAwaiting unblocks keys waiting for a message the stream no longer
-// has (removed by the topic's retention): it will never come back.
+// has (removed by the topic's retention): it will never come back. It
+// takes two answers in a row, a check apart: the server answers "not
+// found" for a store error too.
 func (r *receiver) checkAwaiting(ctx context.Context) {
 	type wait struct {
 		p       *partition
@@ -603,15 +637,20 @@ func (r *receiver) checkAwaiting(ctx context.Context) {
 		return
 	}
 	for _, w := range due {
-		if _, err := r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: w.seq}); !errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
-		}
+		_, err := r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: w.seq})
+		gone := errors.Is(err, jetstream.ErrMsgNotFound)
 		r.mu.Lock()
 		var start []*delivery
-		if g := w.p.keys[w.subject]; g != nil && g.awaiting == w.seq {
+		switch g := w.p.keys[w.subject]; {
+		case g == nil || g.awaiting != w.seq:
+		case !gone:
+			g.goneOnce = 0
+		case g.goneOnce != w.seq:
+			g.goneOnce = w.seq
+		default:
 			r.c.cfg.logger.Warn("key no longer waits for a message the stream does not have", "subscription", r.sub.id, "partition", w.p.index,
 				"subject", w.subject, "seq", w.seq)
-			g.awaiting = 0
+			g.awaiting, g.goneOnce = 0, 0
 			start = w.p.pumpLocked(w.subject, g, nil)
 		}
 		now, queued := r.launchLocked(start)

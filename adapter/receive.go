@@ -67,7 +67,7 @@ type delivery struct {
 	part       *partition // nil unless partitioned and keyed
 	subject    string
 	reply      string
-	dseq       uint64  // the consumer's delivery sequence (partitioned)
+	dseq       uint64  // the consumer's latest delivery sequence (partitioned); guarded by r.mu
 	acked      ackKind // the ack or term being confirmed (partitioned)
 	ackSent    bool    // its ack or term was sent; guarded by r.mu
 	msg        *Message
@@ -401,10 +401,13 @@ func (r *receiver) deliver(p *partition, a arrival) {
 	if p != nil {
 		p.arrivedLocked(a.pin, a.dseq)
 	}
-	if _, dup := r.held[k]; dup {
+	if held, dup := r.held[k]; dup {
 		// A redelivery of a message this process still holds (its deadline
-		// passed while it waited): keep the copy we have. Even when
-		// stopping: a nack would let it run elsewhere beside our handler.
+		// passed while it waited): keep the copy we have, under the
+		// server's newest delivery sequence, which the fence counts it by.
+		// Even when stopping: a nack would let it run elsewhere beside our
+		// handler.
+		held.dseq = a.dseq
 		r.mu.Unlock()
 		return
 	}

@@ -34,6 +34,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 )
 
@@ -44,6 +45,7 @@ var (
 	perKey   = flag.Int("per-key", 4, "messages each key gets before it goes quiet")
 	keySpace = flag.Int("keys", 5000, "distinct keys; the window wraps around them (at least 2x -active)")
 	mode     = flag.String("mode", "sidecar", "sidecar (Google's Go client through the sidecar's gRPC API) or library")
+	delivery = flag.String("delivery", "per-key", "delivery of the ordered subscription: per-key (consumers created and retired with the keys) or partitioned (key gates come and go in the partitions' owner)")
 	idle     = flag.Duration("idle", 5*time.Second, "key idle timeout in library mode (the sidecar uses the adapter's default, 5s)")
 	report   = flag.Duration("report", 10*time.Second, "print a row this often")
 	drain    = flag.Duration("drain", 3*time.Minute, "after publishing stops, how long to wait for every message and then for every key consumer to be retired")
@@ -79,8 +81,8 @@ func main() {
 		check(err)
 	}
 	shift := max(1, *active / *perKey)
-	fmt.Printf("jetorder soak: %s mode, %s, GOMAXPROCS=%d, file storage, one process (server embedded)\n",
-		*mode, runtime.Version(), runtime.GOMAXPROCS(0))
+	fmt.Printf("jetorder soak: %s mode, %s delivery, %s, GOMAXPROCS=%d, file storage, one process (server embedded)\n",
+		*mode, *delivery, runtime.Version(), runtime.GOMAXPROCS(0))
 	fmt.Printf("%d msgs/s for %v over %d keys: %d active at a time, %d messages each, %.0f new keys/s; a key returns after %.0fs quiet\n\n",
 		*rate, *duration, *keySpace, *active, *perKey, float64(*rate)*float64(shift)/float64(*active),
 		float64(*keySpace-*active)/float64(shift)*float64(*active)/float64(*rate))
@@ -213,6 +215,8 @@ func validate() error {
 		return fmt.Errorf("-keys %d below 2 x -active %d: keys would come back before they go quiet", *keySpace, *active)
 	case *mode != "sidecar" && *mode != "library":
 		return fmt.Errorf("-mode %q: sidecar or library", *mode)
+	case *delivery != string(adapter.DeliveryPerKey) && *delivery != string(adapter.DeliveryPartitioned):
+		return fmt.Errorf("-delivery %q: %s or %s", *delivery, adapter.DeliveryPerKey, adapter.DeliveryPartitioned)
 	case *report < sampleEvery:
 		return fmt.Errorf("-report %v: at least %v", *report, sampleEvery)
 	}

@@ -140,8 +140,7 @@ func startSidecar(dir string, log *slog.Logger) (*target, error) {
 			Name:                  "projects/" + project + "/subscriptions/" + subID,
 			Topic:                 "projects/" + project + "/topics/" + topicID,
 			EnableMessageOrdering: true,
-			// The soak churns per-key consumers (its growth check counts them).
-			Labels: map[string]string{"jetorder-delivery": "per-key"},
+			Labels:                map[string]string{"jetorder-delivery": *delivery},
 		})
 	}
 	if err != nil {
@@ -204,7 +203,7 @@ func startLibrary(dir string, idle time.Duration, log *slog.Logger) (*target, er
 	if err != nil {
 		return fail(err)
 	}
-	sub, err := client.CreateSubscription(ctx, subID, adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPerKey})
+	sub, err := client.CreateSubscription(ctx, subID, adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryMode(*delivery)})
 	if err != nil {
 		return fail(err)
 	}
