@@ -586,25 +586,22 @@ func (p *partition) reportLocked() {
 		return
 	}
 	owned := p.pin != ""
-	full := owned && p.held >= p.limit
-	if full != p.full {
-		p.full = full
-		if full {
-			s.PartitionsFull.Add(1)
-		} else {
-			s.PartitionsFull.Add(-1)
-		}
-	}
-	if owned != p.owned {
-		p.owned = owned
-		if owned {
-			s.PartitionsOwned.Add(1)
-		} else {
-			s.PartitionsOwned.Add(-1)
-		}
-	}
+	reportFlag(&s.PartitionsOwned, &p.owned, owned)
+	reportFlag(&s.PartitionsFull, &p.full, owned && p.held >= p.limit)
 	s.PartitionBuffered.Add(int64(p.held - p.reported))
 	p.reported = p.held
+}
+
+// reportFlag counts a partition in gauge while it has a property: reported
+// is what was last added for it, now whether it has the property now.
+func reportFlag(gauge *atomic.Int64, reported *bool, now bool) {
+	switch {
+	case now && !*reported:
+		gauge.Add(1)
+	case !now && *reported:
+		gauge.Add(-1)
+	}
+	*reported = now
 }
 
 // checkAwaiting unblocks keys waiting for a message the stream no longer

@@ -432,9 +432,9 @@ func (r *receiver) deliver(p *partition, a arrival) {
 	} else {
 		start = []*delivery{d}
 	}
-	now2, queued := r.launchLocked(start)
+	startNow, queued := r.launchLocked(start)
 	r.mu.Unlock()
-	r.afterLaunch(now2, queued)
+	r.afterLaunch(startNow, queued)
 }
 
 // launchLocked hands ds to handlers: those it can start at once (a free

@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -101,28 +102,19 @@ const (
 // deliveryRecord checks the delivery settings of cfg and returns what the
 // registry stores.
 func deliveryRecord(cfg *SubscriptionConfig) (mode DeliveryMode, partitions, buffer int, err error) {
-	mode = cfg.Delivery
-	if mode == "" {
-		mode = DefaultDelivery
-	}
-	switch mode {
-	case DeliveryPerKey:
-		if cfg.Partitions != 0 || cfg.PartitionBuffer != 0 {
-			return "", 0, 0, fmt.Errorf("%w: partitions are set but delivery is not %q", ErrInvalidConfig, DeliveryPartitioned)
-		}
-		if !cfg.EnableMessageOrdering {
-			return "", 0, 0, nil
-		}
-		return DeliveryPerKey, 0, 0, nil
-	case DeliveryPartitioned:
-	default:
+	mode = cmp.Or(cfg.Delivery, DefaultDelivery)
+	partitionsSet := cfg.Partitions != 0 || cfg.PartitionBuffer != 0
+	switch {
+	case mode != DeliveryPerKey && mode != DeliveryPartitioned:
 		return "", 0, 0, fmt.Errorf("%w: delivery %q; must be %q or %q", ErrInvalidConfig, cfg.Delivery, DeliveryPerKey, DeliveryPartitioned)
-	}
-	if !cfg.EnableMessageOrdering {
-		if cfg.Delivery == "" && cfg.Partitions == 0 && cfg.PartitionBuffer == 0 {
-			return "", 0, 0, nil // the default applies to ordered subscriptions only
-		}
+	case mode == DeliveryPerKey && partitionsSet:
+		return "", 0, 0, fmt.Errorf("%w: partitions are set but delivery is not %q", ErrInvalidConfig, DeliveryPartitioned)
+	case !cfg.EnableMessageOrdering && (cfg.Delivery == DeliveryPartitioned || partitionsSet):
 		return "", 0, 0, fmt.Errorf("%w: %q delivery needs message ordering", ErrInvalidConfig, DeliveryPartitioned)
+	case !cfg.EnableMessageOrdering:
+		return "", 0, 0, nil // the default applies to ordered subscriptions only
+	case mode == DeliveryPerKey:
+		return DeliveryPerKey, 0, 0, nil
 	}
 	partitions, buffer = cfg.Partitions, cfg.PartitionBuffer
 	if partitions == 0 {

@@ -280,21 +280,37 @@ func (b *bench) raw(stream string, msgs, maxAckPending int) float64 {
 // consumeAndAck consumes and acks msgs messages from the consumers
 // together and returns their rate, from the first delivery to the last.
 func consumeAndAck(msgs int, consumers ...jetstream.Consumer) float64 {
-	var got, first atomic.Int64
-	done := make(chan struct{})
+	acks := newAckTimer(msgs)
 	for _, cons := range consumers {
-		cc, err := cons.Consume(func(m jetstream.Msg) {
-			first.CompareAndSwap(0, time.Now().UnixNano())
-			_ = m.Ack()
-			if got.Add(1) == int64(msgs) {
-				close(done)
-			}
-		})
+		cc, err := cons.Consume(func(m jetstream.Msg) { acks.ack(m.Ack) })
 		check(err)
 		defer cc.Stop()
 	}
-	<-done
-	return float64(msgs-1) / time.Since(time.Unix(0, first.Load())).Seconds()
+	return acks.rate()
+}
+
+// ackTimer times acking msgs messages, from the first ack to the last.
+type ackTimer struct {
+	msgs       int64
+	got, first atomic.Int64
+	done       chan struct{}
+}
+
+func newAckTimer(msgs int) *ackTimer { return &ackTimer{msgs: int64(msgs), done: make(chan struct{})} }
+
+// ack acks one message with ack.
+func (a *ackTimer) ack(ack func() error) {
+	a.first.CompareAndSwap(0, time.Now().UnixNano())
+	_ = ack()
+	if a.got.Add(1) == a.msgs {
+		close(a.done)
+	}
+}
+
+// rate waits for the last ack and returns messages per second.
+func (a *ackTimer) rate() float64 {
+	<-a.done
+	return float64(a.msgs-1) / time.Since(time.Unix(0, a.first.Load())).Seconds()
 }
 
 // rawPush times one push consumer with MaxAckPending 1 delivering to a
@@ -306,22 +322,14 @@ func (b *bench) rawPush(stream string, msgs int) float64 {
 	check(err)
 	defer b.js.DeleteStream(ctx, stream)
 	b.fill(func(int) string { return subj }, func(int) nats.Header { return nil }, msgs)
-	var got, first atomic.Int64
-	done := make(chan struct{})
-	sub, err := b.nc.QueueSubscribe("deliver."+stream, "g", func(m *nats.Msg) {
-		first.CompareAndSwap(0, time.Now().UnixNano())
-		_ = m.Ack()
-		if got.Add(1) == int64(msgs) {
-			close(done)
-		}
-	})
+	acks := newAckTimer(msgs)
+	sub, err := b.nc.QueueSubscribe("deliver."+stream, "g", func(m *nats.Msg) { acks.ack(func() error { return m.Ack() }) })
 	check(err)
 	defer sub.Unsubscribe()
 	_, err = b.js.CreatePushConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "c", DeliverSubject: "deliver." + stream,
 		DeliverGroup: "g", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1})
 	check(err)
-	<-done
-	return float64(msgs-1) / time.Since(time.Unix(0, first.Load())).Seconds()
+	return acks.rate()
 }
 
 // burst publishes one message to each of keys new keys on a live ordered
@@ -626,17 +634,11 @@ func (b *bench) orderedLatency(keys, rate int, dur time.Duration) latency {
 
 // rss is the process's resident set size from /proc.
 func rss() string {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
+	mib := rssMiB()
+	if mib == 0 {
 		return "rss n/a"
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			kb, _ := strconv.Atoi(strings.Fields(line)[1])
-			return fmt.Sprintf("RSS %d MiB, %d goroutines", kb/1024, runtime.NumGoroutine())
-		}
-	}
-	return "rss n/a"
+	return fmt.Sprintf("RSS %d MiB, %d goroutines", mib, runtime.NumGoroutine())
 }
 
 func check(err error) {

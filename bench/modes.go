@@ -181,11 +181,7 @@ type peakWatch struct {
 func (b *bench) watchPeaks() *peakWatch {
 	w := &peakWatch{stop: make(chan struct{}), done: make(chan struct{})}
 	sample := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if info, err := b.js.AccountInfo(ctx); err == nil {
-			w.consumers = max(w.consumers, info.Consumers)
-		}
-		cancel()
+		w.consumers = max(w.consumers, b.accountConsumers())
 		w.rssMiB = max(w.rssMiB, rssMiB())
 	}
 	go func() {
@@ -211,6 +207,7 @@ func (w *peakWatch) end() (consumers, rssMiB int) {
 	return w.consumers, w.rssMiB
 }
 
+// rssMiB is the process's resident set size, 0 if unknown.
 func rssMiB() int {
 	data, err := os.ReadFile("/proc/self/status")
 	if err != nil {

@@ -524,9 +524,7 @@ func (l *fltLoad) deliveredSinceHeal() int {
 // crash.)
 func TestFaultClusterLeaderKilled(t *testing.T) { fltClusterNodeKilled(t, true) }
 
-func TestFaultClusterFollowerKilled(t *testing.T) {
-	fltClusterNodeKilled(t, false)
-}
+func TestFaultClusterFollowerKilled(t *testing.T) { fltClusterNodeKilled(t, false) }
 
 func fltClusterNodeKilled(t *testing.T, leader bool) {
 	cluster, err := embedded.StartCluster(t.TempDir(), 3)

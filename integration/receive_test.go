@@ -323,14 +323,7 @@ func ownerOf(t *testing.T, e *env, sub string) string {
 	}
 	var pins []string
 	for i := range cfg.Partitions {
-		cons, err := js.Consumer(ctx, keyrouter.StreamName(project, cfg.Topic.ID()), keyrouter.PartitionConsumer(project, sub, i))
-		if err != nil {
-			t.Fatalf("partition %d: %v", i, err)
-		}
-		pin := ""
-		for _, g := range cons.CachedInfo().PriorityGroups {
-			pin = g.PinnedClientID
-		}
+		pin := pinnedClient(t, js, keyrouter.StreamName(project, cfg.Topic.ID()), keyrouter.PartitionConsumer(project, sub, i))
 		if pin == "" {
 			return ""
 		}

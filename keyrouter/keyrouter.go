@@ -8,6 +8,7 @@
 //	keyed message     jetorder.<P>.<T>.k.<b0>.<b1>.<b2>.<b3>.<b4>.<b5>.<token(K)>
 //	unkeyed message   jetorder.<P>.<T>.u
 //	consumers         <P>__<S>_u (unkeyed), <P>__<S>_k_<hash(token)> (per key),
+//	                  <P>__<S>_p_<NN> (partition NN, partitioned delivery),
 //	                  <P>__<S>_all (a subscription without ordering)
 //	delivery subject  _jetorder.deliver.<P>.<P>__<S> (push consumers deliver here)
 //
@@ -171,7 +172,7 @@ func PartitionFilter(project, topic string, n, i int) string {
 // PartitionConsumer is the consumer of partition i of a partitioned
 // subscription.
 func PartitionConsumer(project, sub string, i int) string {
-	return PartitionConsumerPrefix(project, sub) + string([]byte{'0' + byte(i/10), '0' + byte(i%10)})
+	return PartitionConsumerPrefix(project, sub) + fmt.Sprintf("%02d", i)
 }
 
 // PartitionConsumerPrefix is the prefix every partition consumer of a
