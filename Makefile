@@ -38,6 +38,7 @@ fuzz:
 	$(GO) test ./internal/httpapi -run '^$$' -fuzz FuzzDecodeJSON -fuzztime $(FUZZTIME)
 	$(GO) test ./adapter -run '^$$' -fuzz FuzzReadMetadata -fuzztime $(FUZZTIME)
 	$(GO) test ./cloudevents -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/filter -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
 
 build:
 	$(GO) build ./...

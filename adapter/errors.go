@@ -21,6 +21,9 @@ var (
 	// ErrSubscriptionNotFound is returned for a subscription that does not
 	// exist, and by Receive when the subscription is deleted while receiving.
 	ErrSubscriptionNotFound = errors.New("subscription not found")
+	// ErrDetached is returned by Receive on a subscription detached from
+	// its topic (Subscription.Detach), before or during Receive.
+	ErrDetached = errors.New("subscription is detached from its topic")
 	// ErrSubscriptionExists is returned by CreateSubscription for an id in use.
 	ErrSubscriptionExists = errors.New("subscription already exists")
 	// ErrInvalidConfig is returned for a configuration value out of range.

@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"time"
@@ -77,11 +78,62 @@ func (m *Message) Ack() {
 }
 
 // Nack hands the message back: it is redelivered, before any later message
-// of its ordering key.
+// of its ordering key, after the subscription's retry policy's backoff (at
+// once without one).
 func (m *Message) Nack() {
+	if m.d != nil {
+		m.d.finishWith(ackNak, m.d.r.nakPayload(m.DeliveryAttempt))
+	}
+}
+
+// Release hands the message back for redelivery at once, whatever the retry
+// policy: for a message the handler never passed on (a layer above that is
+// shutting down, say), which is no failed attempt.
+func (m *Message) Release() {
 	if m.d != nil {
 		m.d.finish(ackNak)
 	}
+}
+
+// PubSubAttributes returns the message's attributes as a Pub/Sub client
+// of the sidecar sees them, and as subscription filters match them: the
+// Attributes, plus every other header of the stored message that is not
+// jetorder's or NATS' own (such as the ce-* and content-type headers that
+// protocol bindings write), its name lower-cased, unless an attribute has
+// that name. CloudEvents headers are percent-encoded by the NATS binding
+// (ce-* values, and content-type beside ce-specversion); they are decoded,
+// since the Pub/Sub binding carries plain values. m is not modified.
+func (m *Message) PubSubAttributes() map[string]string {
+	attrs, copied := m.Attributes, false
+	event := false
+	for name := range m.Header {
+		if strings.EqualFold(name, "ce-specversion") {
+			event = true
+		}
+	}
+	for name, vals := range m.Header {
+		lower := strings.ToLower(name)
+		if len(vals) == 0 || strings.HasPrefix(lower, "jetorder-") || strings.HasPrefix(lower, "nats-") {
+			continue
+		}
+		if _, ok := attrs[lower]; ok {
+			continue
+		}
+		if !copied { // m.Attributes is the application's: never write to it
+			attrs, copied = maps.Clone(m.Attributes), true
+			if attrs == nil {
+				attrs = make(map[string]string, len(m.Header))
+			}
+		}
+		v := vals[0]
+		if strings.HasPrefix(lower, "ce-") || event && lower == "content-type" {
+			if d, err := keyrouter.DecodeKey(v); err == nil && utf8.ValidString(d) {
+				v = d
+			}
+		}
+		attrs[lower] = v
+	}
+	return attrs
 }
 
 // Limits on attributes, as Google Pub/Sub has them.

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetorder/jetorder/internal/filter"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -78,7 +79,11 @@ type delivery struct {
 
 // finish is the one place a delivery's outcome is decided: the first call
 // wins, later ones do nothing.
-func (d *delivery) finish(kind ackKind) {
+func (d *delivery) finish(kind ackKind) { d.finishWith(kind, ackPayload[kind]) }
+
+// finishWith is finish with the payload sent to the server (a nack with a
+// delay).
+func (d *delivery) finishWith(kind ackKind, payload []byte) {
 	d.once.Do(func() {
 		// A partitioned key's ack is confirmed before its next message
 		// starts; everything else is forgotten at once (for a nack, before
@@ -92,7 +97,7 @@ func (d *delivery) finish(kind ackKind) {
 		} else {
 			d.r.release(d, false)
 		}
-		err := d.r.c.nc.Publish(d.reply, ackPayload[kind])
+		err := d.r.c.nc.Publish(d.reply, payload)
 		if confirm {
 			// confirmAcks sends it again if it did not go.
 			d.acked = kind
@@ -103,6 +108,20 @@ func (d *delivery) finish(kind ackKind) {
 			d.r.c.cfg.logger.Warn("ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)
 		}
 	})
+}
+
+// nakPayload is a nack of a message after attempt deliveries: with the
+// retry policy's backoff as JetStream's redelivery delay, if there is one.
+func (r *receiver) nakPayload(attempt int) []byte {
+	p := r.retry.Load()
+	if p == nil {
+		return ackPayload[ackNak]
+	}
+	d := p.backoff(attempt)
+	if d <= 0 {
+		return ackPayload[ackNak]
+	}
+	return fmt.Appendf(nil, `-NAK {"delay":%d}`, d.Nanoseconds())
 }
 
 // abandon stops extending the deadline of a message whose handler returned
@@ -121,7 +140,9 @@ type receiver struct {
 	// deadLetter is the subscription's current policy (nil for none);
 	// supervise refreshes it, so an Update reaches a running Receive.
 	deadLetter  atomic.Pointer[deadLetterRecord]
-	deadTopics  map[string]*Topic // dead-letter topic handles, by full name
+	retry       atomic.Pointer[retryPolicyRecord] // likewise the retry policy
+	filter      *filter.Filter                    // the subscription's (fixed at creation), or nil
+	deadTopics  map[string]*Topic                 // dead-letter topic handles, by full name
 	deadTopicMu sync.Mutex
 
 	partitions []*partition // partitioned subscriptions only; appended under mu
@@ -175,6 +196,9 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 	}
 	lctx, lcancel := s.c.withTimeout(ctx)
 	rec, err := s.load(lctx)
+	if err == nil && rec.Detached {
+		err = fmt.Errorf("%w: %s", ErrDetached, s)
+	}
 	if err == nil {
 		err = s.c.checkTopic(lctx, rec)
 	}
@@ -201,6 +225,12 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 		fatalSet:    make(chan struct{}),
 	}
 	r.deadLetter.Store(rec.DeadLetter)
+	r.retry.Store(rec.Retry)
+	if rec.Filter != "" {
+		if r.filter, err = filter.Parse(rec.Filter); err != nil {
+			return fmt.Errorf("receive %s: stored %w", s, err) // Create checked it
+		}
+	}
 	return r.run(ctx, hcancel)
 }
 
@@ -334,12 +364,12 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 		d.finish(ackNak)
 	}
 	r.unpin()
-	if r.fatal != nil && errors.Is(r.fatal, ErrSubscriptionNotFound) {
+	if r.fatal != nil && (errors.Is(r.fatal, ErrSubscriptionNotFound) || errors.Is(r.fatal, ErrDetached)) {
 		// An owner may have created a key consumer after the subscription's
 		// consumers were removed; remove it too, unless a subscription of
 		// the same id was created meanwhile (its consumers have our names).
 		cctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
-		if _, err := r.sub.load(cctx); errors.Is(err, ErrSubscriptionNotFound) {
+		if rec, err := r.sub.load(cctx); errors.Is(err, ErrSubscriptionNotFound) || (err == nil && rec.Detached && rec.Created.Equal(r.rec.Created)) {
 			_ = r.c.deleteConsumers(cctx, r.rec)
 		}
 		cancel()
@@ -611,6 +641,10 @@ func (r *receiver) handle(d *delivery) {
 			r.fail(fmt.Errorf("%w: %v (message %s, ordering key %q)", ErrHandlerPanic, p, d.msg.ID, d.msg.OrderingKey))
 		}
 	}()
+	if r.filter != nil && !r.filter.Match(d.msg.PubSubAttributes()) {
+		d.finish(ackAck) // filtered out: acked unseen, so its key moves on
+		return
+	}
 	if dl := r.deadLetter.Load(); dl != nil && d.msg.DeliveryAttempt > dl.MaxDeliveryAttempts {
 		r.moveToDeadLetter(d, dl)
 		return
@@ -737,8 +771,12 @@ func (r *receiver) supervise(ctx context.Context) {
 		if err == nil && !rec.Created.Equal(r.rec.Created) {
 			err = fmt.Errorf("%w: %s was deleted and created again", ErrSubscriptionNotFound, r.sub)
 		}
+		if err == nil && rec.Detached {
+			err = fmt.Errorf("%w: %s", ErrDetached, r.sub)
+		}
 		if err == nil {
 			r.deadLetter.Store(rec.DeadLetter)
+			r.retry.Store(rec.Retry)
 		}
 		if err == nil {
 			err = r.c.checkTopic(cctx, r.rec)
@@ -747,7 +785,7 @@ func (r *receiver) supervise(ctx context.Context) {
 			r.checkAwaiting(cctx)
 		}
 		cancel()
-		if errors.Is(err, ErrSubscriptionNotFound) || errors.Is(err, ErrTopicDeleted) || errors.Is(err, ErrClosed) {
+		if errors.Is(err, ErrSubscriptionNotFound) || errors.Is(err, ErrTopicDeleted) || errors.Is(err, ErrClosed) || errors.Is(err, ErrDetached) {
 			r.fail(err)
 			return
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetorder/jetorder/internal/filter"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -66,6 +67,85 @@ type SubscriptionConfig struct {
 	DeadLetterPolicy *DeadLetterPolicy
 	// Labels are the application's own key/value pairs.
 	Labels map[string]string
+	// Filter, when set, delivers only the messages whose attributes match
+	// it, in Pub/Sub's filter language (`attributes.kind = "order" AND
+	// NOT attributes:test`); the others are acked without reaching a
+	// handler, so they never hold their ordering key. Attributes here are
+	// Message.PubSubAttributes. At most 256 bytes; it cannot be changed
+	// after creation.
+	Filter string
+	// RetryPolicy, when set, delays the redelivery of a nacked message (or
+	// one whose deadline passed) by an exponential backoff; the message's
+	// ordering key waits meanwhile. Without it a message is redelivered at
+	// once.
+	RetryPolicy *RetryPolicy
+	// Detached reports that the subscription was detached from its topic
+	// (Detach): it receives nothing more (Config only).
+	Detached bool
+	// TopicDeleted reports that the subscription's topic was deleted (and
+	// perhaps created again: a subscription never moves to the new topic),
+	// so it receives nothing more (Config only).
+	TopicDeleted bool
+	// ServiceSettings are bytes a layer above keeps with the subscription
+	// (the sidecar keeps the Pub/Sub settings the library does not act
+	// on); the adapter stores and returns them, at most 64 KiB.
+	ServiceSettings []byte
+}
+
+// RetryPolicy is the backoff before a nacked or expired message is
+// delivered again: MinimumBackoff after the first delivery, doubling with
+// each further one, at most MaximumBackoff. Zero values mean Pub/Sub's
+// defaults, 10s and 600s; both are 0..600s and the minimum is at most the
+// maximum.
+type RetryPolicy struct {
+	MinimumBackoff time.Duration
+	MaximumBackoff time.Duration
+}
+
+const (
+	defaultMinBackoff  = 10 * time.Second
+	defaultMaxBackoff  = 600 * time.Second
+	maxServiceSettings = 64 << 10
+)
+
+// retryRecord checks p and returns what the registry stores: nil for none.
+func retryRecord(p *RetryPolicy) (*retryPolicyRecord, error) {
+	if p == nil {
+		return nil, nil
+	}
+	lo, hi := cmp.Or(p.MinimumBackoff, defaultMinBackoff), cmp.Or(p.MaximumBackoff, defaultMaxBackoff)
+	switch {
+	case lo < 0 || lo > maxAckDeadline:
+		return nil, fmt.Errorf("%w: retry policy minimum backoff %v not in 0s..%v", ErrInvalidConfig, p.MinimumBackoff, maxAckDeadline)
+	case hi < 0 || hi > maxAckDeadline:
+		return nil, fmt.Errorf("%w: retry policy maximum backoff %v not in 0s..%v", ErrInvalidConfig, p.MaximumBackoff, maxAckDeadline)
+	case lo > hi:
+		return nil, fmt.Errorf("%w: retry policy minimum backoff %v is above the maximum %v", ErrInvalidConfig, lo, hi)
+	}
+	return &retryPolicyRecord{MinMS: lo.Milliseconds(), MaxMS: hi.Milliseconds()}, nil
+}
+
+type retryPolicyRecord struct {
+	MinMS int64 `json:"min_ms"`
+	MaxMS int64 `json:"max_ms"`
+}
+
+func (r *retryPolicyRecord) policy() *RetryPolicy {
+	if r == nil {
+		return nil
+	}
+	return &RetryPolicy{MinimumBackoff: time.Duration(r.MinMS) * time.Millisecond, MaximumBackoff: time.Duration(r.MaxMS) * time.Millisecond}
+}
+
+// backoff is the delay before delivery attempt+1 of a message: the minimum
+// doubled attempt-1 times, at most the maximum.
+func (r *retryPolicyRecord) backoff(attempt int) time.Duration {
+	lo, hi := time.Duration(r.MinMS)*time.Millisecond, time.Duration(r.MaxMS)*time.Millisecond
+	d := lo
+	for i := 1; i < attempt && d < hi; i++ {
+		d *= 2
+	}
+	return min(d, hi)
 }
 
 // DeliveryMode is how an ordered subscription delivers keyed messages.
@@ -142,14 +222,22 @@ type DeadLetterPolicy struct {
 	MaxDeliveryAttempts int
 }
 
-// SubscriptionUpdate lists the fields Update changes; nil fields stay.
-// Message ordering cannot be changed.
+// SubscriptionUpdate lists the fields Update changes; nil and zero fields
+// stay. Message ordering, delivery mode and topic cannot be changed.
 type SubscriptionUpdate struct {
 	// DeadLetterPolicy replaces the policy; a policy with a nil Topic
 	// removes it.
 	DeadLetterPolicy *DeadLetterPolicy
 	// Labels replace the labels; an empty, non-nil map removes them.
 	Labels map[string]string
+	// AckDeadline, when not 0, replaces the ack deadline (1s..600s).
+	AckDeadline time.Duration
+	// SetRetryPolicy replaces the retry policy with RetryPolicy (nil
+	// removes it).
+	SetRetryPolicy bool
+	RetryPolicy    *RetryPolicy
+	// ServiceSettings, when not nil, replace the layer-above settings.
+	ServiceSettings []byte
 }
 
 const (
@@ -182,8 +270,12 @@ type subRecord struct {
 	StreamCreated   time.Time    `json:"stream_created"`
 	Created         time.Time    `json:"created"`
 
-	DeadLetter *deadLetterRecord `json:"dead_letter,omitempty"`
-	Labels     map[string]string `json:"labels,omitempty"`
+	DeadLetter *deadLetterRecord  `json:"dead_letter,omitempty"`
+	Labels     map[string]string  `json:"labels,omitempty"`
+	Retry      *retryPolicyRecord `json:"retry,omitempty"`
+	Filter     string             `json:"filter,omitempty"`
+	Detached   bool               `json:"detached,omitempty"`
+	Service    []byte             `json:"service,omitempty"`
 }
 
 type deadLetterRecord struct {
@@ -310,6 +402,16 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 	if err != nil {
 		return nil, err
 	}
+	retry, err := retryRecord(cfg.RetryPolicy)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := filter.Parse(cfg.Filter); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if len(cfg.ServiceSettings) > maxServiceSettings {
+		return nil, fmt.Errorf("%w: service settings of %d bytes, at most %d", ErrInvalidConfig, len(cfg.ServiceSettings), maxServiceSettings)
+	}
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	info, err := cfg.Topic.info(ctx)
@@ -336,6 +438,9 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 		Created:         time.Now().UTC(),
 		DeadLetter:      deadLetter,
 		Labels:          maps.Clone(cfg.Labels),
+		Retry:           retry,
+		Filter:          cfg.Filter,
+		Service:         cfg.ServiceSettings,
 	}
 	if !cfg.StartTime.IsZero() {
 		rec.StartTime = cfg.StartTime.UTC()
@@ -432,7 +537,14 @@ func (s *Subscription) Config(ctx context.Context) (SubscriptionConfig, error) {
 	if err != nil {
 		return SubscriptionConfig{}, err
 	}
+	topicDeleted := false
+	if err := s.c.checkTopic(ctx, rec); errors.Is(err, ErrTopicDeleted) {
+		topicDeleted = true
+	} else if err != nil && !errors.Is(err, ErrInvalidConfig) {
+		return SubscriptionConfig{}, err
+	}
 	return SubscriptionConfig{
+		TopicDeleted:          topicDeleted,
 		Topic:                 s.c.TopicInProject(rec.Topic, rec.TopicProject),
 		AckDeadline:           rec.ackDeadline(),
 		EnableMessageOrdering: rec.Ordering,
@@ -442,6 +554,10 @@ func (s *Subscription) Config(ctx context.Context) (SubscriptionConfig, error) {
 		StartTime:             rec.StartTime,
 		DeadLetterPolicy:      s.c.deadLetterPolicy(rec.DeadLetter),
 		Labels:                rec.Labels,
+		RetryPolicy:           rec.Retry.policy(),
+		Filter:                rec.Filter,
+		Detached:              rec.Detached,
+		ServiceSettings:       rec.Service,
 	}, nil
 }
 
@@ -455,6 +571,16 @@ func (s *Subscription) Update(ctx context.Context, u SubscriptionUpdate) (Subscr
 		if deadLetter, err = s.c.deadLetterRecord(u.DeadLetterPolicy); err != nil {
 			return SubscriptionConfig{}, err
 		}
+	}
+	retry, err := retryRecord(u.RetryPolicy)
+	if err != nil {
+		return SubscriptionConfig{}, err
+	}
+	if u.AckDeadline != 0 && (u.AckDeadline < minAckDeadline || u.AckDeadline > maxAckDeadline) {
+		return SubscriptionConfig{}, fmt.Errorf("%w: ack deadline %v not in %v..%v", ErrInvalidConfig, u.AckDeadline, minAckDeadline, maxAckDeadline)
+	}
+	if len(u.ServiceSettings) > maxServiceSettings {
+		return SubscriptionConfig{}, fmt.Errorf("%w: service settings of %d bytes, at most %d", ErrInvalidConfig, len(u.ServiceSettings), maxServiceSettings)
 	}
 	cctx, cancel := s.c.withTimeout(ctx)
 	defer cancel()
@@ -483,6 +609,16 @@ func (s *Subscription) Update(ctx context.Context, u SubscriptionUpdate) (Subscr
 				rec.Labels = nil
 			}
 		}
+		if u.SetRetryPolicy {
+			rec.Retry = retry
+		}
+		if u.ServiceSettings != nil {
+			rec.Service = u.ServiceSettings
+		}
+		ackWaitChanged := u.AckDeadline != 0 && u.AckDeadline.Milliseconds() != rec.AckDeadlineMS
+		if u.AckDeadline != 0 {
+			rec.AckDeadlineMS = u.AckDeadline.Milliseconds()
+		}
 		data, err := json.Marshal(&rec)
 		if err != nil {
 			return SubscriptionConfig{}, err
@@ -494,7 +630,104 @@ func (s *Subscription) Update(ctx context.Context, u SubscriptionUpdate) (Subscr
 		if err != nil {
 			return SubscriptionConfig{}, fmt.Errorf("update subscription %s: %w", s, err)
 		}
+		if ackWaitChanged {
+			// Consumers created from now on read the record; those that
+			// exist get the new AckWait here.
+			if err := s.c.updateAckWait(cctx, &rec); err != nil {
+				return SubscriptionConfig{}, fmt.Errorf("update subscription %s: ack deadline of its consumers: %w", s, err)
+			}
+		}
 		return s.Config(ctx)
+	}
+}
+
+// updateAckWait sets the AckWait of every consumer of the subscription to
+// its ack deadline. A consumer removed meanwhile is skipped.
+func (c *Client) updateAckWait(ctx context.Context, rec *subRecord) error {
+	stream, err := c.js.Stream(ctx, rec.stream())
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	names, err := c.consumerNames(ctx, stream, rec)
+	if err != nil {
+		return err
+	}
+	mine := make(map[string]bool, len(names))
+	for _, n := range names {
+		mine[n] = true
+	}
+	var cfgs []jetstream.ConsumerConfig
+	list := stream.ListConsumers(ctx)
+	for info := range list.Info() {
+		if mine[info.Name] {
+			cfgs = append(cfgs, info.Config)
+		}
+	}
+	if err := list.Err(); err != nil {
+		return err
+	}
+	return forEachParallel(ctx, cfgs, 16, func(ctx context.Context, cfg jetstream.ConsumerConfig) error {
+		cfg.AckWait = rec.ackDeadline()
+		var err error
+		if cfg.DeliverSubject != "" {
+			_, err = c.js.UpdatePushConsumer(ctx, rec.stream(), cfg)
+		} else {
+			_, err = stream.UpdateConsumer(ctx, cfg)
+		}
+		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDoesNotExist) {
+			return nil
+		}
+		return err
+	})
+}
+
+// Detach detaches the subscription from its topic, as Pub/Sub's
+// DetachSubscription: its consumers and unacked messages are removed, it
+// receives nothing more, and Receive on it returns ErrDetached. The
+// subscription itself stays until it is deleted.
+func (s *Subscription) Detach(ctx context.Context) error {
+	ctx, cancel := s.c.withTimeout(ctx)
+	defer cancel()
+	kv, err := s.c.buckets(ctx)
+	if err != nil {
+		return err
+	}
+	for {
+		e, err := kv.Get(ctx, s.kvKey())
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("%w: %s", ErrSubscriptionNotFound, s)
+		}
+		if err != nil {
+			return fmt.Errorf("detach subscription %s: %w", s, err)
+		}
+		var rec subRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return fmt.Errorf("subscription %s: corrupt record: %w", s, err)
+		}
+		if !rec.Detached {
+			rec.Detached = true
+			data, err := json.Marshal(&rec)
+			if err != nil {
+				return err
+			}
+			_, err = kv.Update(ctx, s.kvKey(), data, e.Revision())
+			if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("detach subscription %s: %w", s, err)
+			}
+		}
+		// Consumers go after the record says detached, so a receiver that
+		// loses its consumer finds the reason.
+		_ = kv.Purge(ctx, s.floorKey())
+		if err := s.c.deleteConsumers(ctx, &rec); err != nil {
+			return fmt.Errorf("detach subscription %s: %w", s, err)
+		}
+		return nil
 	}
 }
 
@@ -638,6 +871,21 @@ func (c *Client) deleteConsumers(ctx context.Context, rec *subRecord) error {
 	if err != nil {
 		return err
 	}
+	mine, err := c.consumerNames(ctx, stream, rec)
+	if err != nil {
+		return err
+	}
+	return forEachParallel(ctx, mine, 16, func(ctx context.Context, name string) error {
+		err := stream.DeleteConsumer(ctx, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil
+		}
+		return err
+	})
+}
+
+// consumerNames lists the consumers of the subscription on its stream.
+func (c *Client) consumerNames(ctx context.Context, stream jetstream.Stream, rec *subRecord) ([]string, error) {
 	shared, _ := rec.sharedConsumer()
 	keyPrefix := keyrouter.KeyConsumerPrefix(rec.Project, rec.ID)
 	partPrefix := keyrouter.PartitionConsumerPrefix(rec.Project, rec.ID)
@@ -648,14 +896,5 @@ func (c *Client) deleteConsumers(ctx context.Context, rec *subRecord) error {
 			mine = append(mine, name)
 		}
 	}
-	if err := names.Err(); err != nil {
-		return err
-	}
-	return forEachParallel(ctx, mine, 16, func(ctx context.Context, name string) error {
-		err := stream.DeleteConsumer(ctx, name)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil
-		}
-		return err
-	})
+	return mine, names.Err()
 }

@@ -2,8 +2,10 @@ package adapter
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -25,6 +27,10 @@ const (
 	// version 1 subjects, which receivers cannot read.
 	metaLayout    = "jetorder.layout"
 	subjectLayout = "2"
+	// metaLabels holds the topic's labels as a JSON object, and
+	// metaSettings a layer above's settings (TopicConfig.ServiceSettings).
+	metaLabels   = "jetorder.labels"
+	metaSettings = "jetorder.settings"
 )
 
 // TopicConfig is a topic's configuration.
@@ -35,6 +41,47 @@ type TopicConfig struct {
 	// MaxBytes bounds the topic's storage; the oldest messages go first.
 	// 0 means no limit.
 	MaxBytes int64
+	// Labels are the application's own key/value pairs.
+	Labels map[string]string
+	// ServiceSettings are a layer above's settings, kept with the topic
+	// (the sidecar keeps the Pub/Sub settings the library does not act on,
+	// such as a schema), at most 16 KiB.
+	ServiceSettings string
+}
+
+// TopicUpdate lists the fields Topic.Update changes; nil fields stay.
+type TopicUpdate struct {
+	// RetentionDuration replaces the retention; 0 keeps messages until
+	// MaxBytes is reached.
+	RetentionDuration *time.Duration
+	// Labels replace the labels; an empty, non-nil map removes them.
+	Labels map[string]string
+	// ServiceSettings replace the layer-above settings.
+	ServiceSettings *string
+}
+
+const maxTopicSettings = 16 << 10
+
+// topicMetadata returns the stream metadata that carries cfg's labels and
+// settings, added to base.
+func topicMetadata(base map[string]string, labels map[string]string, settings string) (map[string]string, error) {
+	md := maps.Clone(base)
+	delete(md, metaLabels)
+	delete(md, metaSettings)
+	if len(labels) > 0 {
+		b, err := json.Marshal(labels)
+		if err != nil {
+			return nil, err
+		}
+		md[metaLabels] = string(b)
+	}
+	if len(settings) > maxTopicSettings {
+		return nil, fmt.Errorf("%w: topic settings of %d bytes, at most %d", ErrInvalidConfig, len(settings), maxTopicSettings)
+	}
+	if settings != "" {
+		md[metaSettings] = settings
+	}
+	return md, nil
 }
 
 // Topic is a handle on a topic. Getting one does no I/O; use Exists to check
@@ -139,7 +186,12 @@ func (c *Client) CreateTopicWithConfig(ctx context.Context, id string, cfg *Topi
 	if maxBytes == 0 {
 		maxBytes = -1
 	}
-	_, err := c.js.CreateStream(ctx, jetstream.StreamConfig{
+	md, err := topicMetadata(map[string]string{metaProject: c.project, metaTopic: id, metaCreation: uuid.NewString(), metaLayout: subjectLayout},
+		cfg.Labels, cfg.ServiceSettings)
+	if err != nil {
+		return nil, err
+	}
+	_, err = c.js.CreateStream(ctx, jetstream.StreamConfig{
 		Name:        t.stream,
 		Description: t.String(),
 		Subjects:    []string{keyrouter.TopicSubjects(c.project, id)},
@@ -158,7 +210,7 @@ func (c *Client) CreateTopicWithConfig(ctx context.Context, id string, cfg *Topi
 		// A unique creation id makes the config differ from any existing
 		// stream's, so JetStream refuses a second create instead of treating
 		// it as an idempotent repeat.
-		Metadata: map[string]string{metaProject: c.project, metaTopic: id, metaCreation: uuid.NewString(), metaLayout: subjectLayout},
+		Metadata: md,
 	})
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
@@ -184,11 +236,55 @@ func (t *Topic) Config(ctx context.Context) (TopicConfig, error) {
 	if err != nil {
 		return TopicConfig{}, err
 	}
-	cfg := TopicConfig{RetentionDuration: info.Config.MaxAge}
+	return topicConfig(info), nil
+}
+
+func topicConfig(info *jetstream.StreamInfo) TopicConfig {
+	cfg := TopicConfig{RetentionDuration: info.Config.MaxAge, ServiceSettings: info.Config.Metadata[metaSettings]}
 	if info.Config.MaxBytes > 0 {
 		cfg.MaxBytes = info.Config.MaxBytes
 	}
-	return cfg, nil
+	if v := info.Config.Metadata[metaLabels]; v != "" {
+		_ = json.Unmarshal([]byte(v), &cfg.Labels) // written by topicMetadata
+	}
+	return cfg
+}
+
+// Update changes the fields of u that are set and returns the new
+// configuration, or ErrTopicNotFound.
+func (t *Topic) Update(ctx context.Context, u TopicUpdate) (TopicConfig, error) {
+	if u.RetentionDuration != nil && *u.RetentionDuration < 0 {
+		return TopicConfig{}, fmt.Errorf("%w: negative retention", ErrInvalidConfig)
+	}
+	ctx, cancel := t.c.withTimeout(ctx)
+	defer cancel()
+	info, err := t.info(ctx)
+	if err != nil {
+		return TopicConfig{}, err
+	}
+	scfg := info.Config
+	cur := topicConfig(info)
+	labels, settings := cur.Labels, cur.ServiceSettings
+	if u.Labels != nil {
+		labels = u.Labels
+	}
+	if u.ServiceSettings != nil {
+		settings = *u.ServiceSettings
+	}
+	if scfg.Metadata, err = topicMetadata(scfg.Metadata, labels, settings); err != nil {
+		return TopicConfig{}, err
+	}
+	if u.RetentionDuration != nil {
+		scfg.MaxAge = *u.RetentionDuration
+	}
+	updated, err := t.c.js.UpdateStream(ctx, scfg)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return TopicConfig{}, fmt.Errorf("%w: %s", ErrTopicNotFound, t)
+	}
+	if err != nil {
+		return TopicConfig{}, fmt.Errorf("update topic %s: %w", t, err)
+	}
+	return topicConfig(updated.CachedInfo()), nil
 }
 
 func (t *Topic) info(ctx context.Context) (*jetstream.StreamInfo, error) {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -27,6 +28,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/jetorder/jetorder/internal/embedded"
 	"github.com/jetorder/jetorder/internal/httpapi"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -68,6 +70,20 @@ func hostileConn(t *testing.T, sc *sidecarProc) *grpc.ClientConn {
 func hostileSetup(t *testing.T, cfg sidecar.Config) (*sidecarProc, jetstream.JetStream, pb.PublisherClient, pb.SubscriberClient) {
 	t.Helper()
 	sc, js := injSidecar(t, cfg)
+	pubc, subc := hostileClients(t, sc)
+	return sc, js, pubc, subc
+}
+
+// hostileSetupOn is hostileSetup on the NATS server cfg names.
+func hostileSetupOn(t *testing.T, cfg sidecar.Config) (*sidecarProc, pb.PublisherClient, pb.SubscriberClient) {
+	t.Helper()
+	sc := startSidecar(t, cfg)
+	pubc, subc := hostileClients(t, sc)
+	return sc, pubc, subc
+}
+
+func hostileClients(t *testing.T, sc *sidecarProc) (pb.PublisherClient, pb.SubscriberClient) {
+	t.Helper()
 	conn := hostileConn(t, sc)
 	pubc, subc := pb.NewPublisherClient(conn), pb.NewSubscriberClient(conn)
 	if _, err := pubc.CreateTopic(context.Background(), &pb.Topic{Name: topicPath("hostile")}); err != nil {
@@ -77,7 +93,7 @@ func hostileSetup(t *testing.T, cfg sidecar.Config) (*sidecarProc, jetstream.Jet
 		EnableMessageOrdering: true, AckDeadlineSeconds: 60}); err != nil {
 		t.Fatal(err)
 	}
-	return sc, js, pubc, subc
+	return pubc, subc
 }
 
 // hostileAssertStatus fails unless err has code and its message contains
@@ -459,7 +475,9 @@ func TestHostileGRPCRequests(t *testing.T) {
 	}
 }
 
-// Message sizes: a 5 MB message, over grpc-go's default 4 MiB limit, is
+// Message sizes, on a NATS server of its own whose max_payload is 8 MiB
+// (a cluster the sidecar is pointed at may have less than the embedded
+// server's): a 5 MB message, over grpc-go's default 4 MiB limit, is
 // published through gRPC and through HTTP, and delivered whole; a request
 // over Pub/Sub's 10 MiB is refused by the sidecar, one over the gRPC
 // server's 12 MiB by grpc-go (RESOURCE_EXHAUSTED), and a message over the
@@ -467,7 +485,16 @@ func TestHostileGRPCRequests(t *testing.T) {
 // together, as invalid; none of those stores anything, and the key goes
 // on.
 func TestHostileMessageSizes(t *testing.T) {
-	sc, js, pubc, subc := hostileSetup(t, sidecar.Config{})
+	srv, err := embedded.Start(embedded.Config{StoreDir: t.TempDir(), Port: -1, Configure: func(o *server.Options) { o.MaxPayload = 8 << 20 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	sc, pubc, subc := hostileSetupOn(t, sidecar.Config{NATSURL: srv.ClientURL()})
+	js, err := jetstream.New(testutil.Connect(t, srv.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	big := make([]byte, 5_000_000)
 	_, _ = rand.Read(big)
@@ -480,10 +507,7 @@ func TestHostileMessageSizes(t *testing.T) {
 	}
 
 	half := make([]byte, 6<<20+512<<10) // two: 13 MiB, over the gRPC limit
-	err := func() error {
-		_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: half}, {Data: half}}})
-		return err
-	}()
+	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: half}, {Data: half}}})
 	hostileAssertStatus(t, "13 MiB request", err, codes.ResourceExhausted, "grpc: received message larger than max")
 	third := make([]byte, 3584<<10)
 	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: third}, {Data: third}, {Data: third}}})

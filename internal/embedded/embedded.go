@@ -19,6 +19,10 @@ import (
 // the start-up timeout.
 var ErrNotReady = errors.New("embedded: nats-server not ready")
 
+// MaxPayload is the embedded server's max_payload: a 10 MiB Pub/Sub
+// message with 100 attributes, percent-encoded, and the identity headers.
+const MaxPayload = 12 << 20
+
 // Config describes one embedded node.
 type Config struct {
 	// StoreDir is where JetStream keeps its file store. Required.
@@ -77,10 +81,11 @@ func Start(cfg Config) (*Server, error) {
 		NoLog:      !cfg.Logging,
 		// Per-key consumers: a stream has as many consumers as active keys.
 		JetStreamLimits: server.JSLimitOpts{DefaultMaxConsumers: -1},
-		// The largest payload nats-server accepts without warning. Pub/Sub
-		// allows 10 MB; larger messages are refused by Publish with a clear
-		// error rather than by the server.
-		MaxPayload: 8 << 20,
+		// Pub/Sub accepts messages of 10 MB, which with their attributes
+		// and jetorder's headers need more than the 8 MiB nats-server
+		// accepts without a warning: it warns once at start that payloads
+		// this large are "generally discouraged".
+		MaxPayload: MaxPayload,
 	}
 	if cfg.clusterName != "" {
 		opts.Cluster = server.ClusterOpts{

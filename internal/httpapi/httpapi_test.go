@@ -24,6 +24,7 @@ import (
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/cloudevents"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/embedded"
 	"github.com/jetorder/jetorder/internal/httpapi"
 	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
@@ -338,6 +339,10 @@ func TestBadRequests(t *testing.T) {
 	const target = "bad-target"
 	msgs := e.subscribe(t, target)
 	small := httptest.NewServer(httpapi.New(httpapi.Config{Broker: e.b, MaxBodyBytes: 1024}))
+	// Bodies above the NATS server's max_payload, which the default body
+	// limit keeps under it.
+	big := httptest.NewServer(httpapi.New(httpapi.Config{Broker: e.b, MaxBodyBytes: 2 * embedded.MaxPayload}))
+	t.Cleanup(big.Close)
 	t.Cleanup(small.Close)
 	noDefault := httptest.NewServer(httpapi.New(httpapi.Config{Broker: e.b}))
 	t.Cleanup(noDefault.Close)
@@ -460,7 +465,7 @@ func TestBadRequests(t *testing.T) {
 			code: 400, msg: "invalid CloudEvent: ce-foo-bar:"},
 		{name: "event: empty sequence", path: ev, header: binary("Ce-Sequence", ""), body: strings.NewReader("hi"),
 			code: 400, msg: "invalid CloudEvent: sequence must be a non-empty string", exact: true},
-		{name: "event: data over the message limit", path: ev, header: binary(), body: bytes.NewReader(make([]byte, 8<<20)),
+		{name: "event: data over the message limit", srv: big, path: ev, header: binary(), body: bytes.NewReader(make([]byte, embedded.MaxPayload)),
 			code: 400, msg: "invalid message: message of "},
 		{name: "event: unknown topic", path: "/v1/projects/" + project + "/topics/no-such-topic/events", header: binary(), body: strings.NewReader("hi"),
 			code: 404, msg: "topic not found"},

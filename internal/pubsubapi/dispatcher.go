@@ -7,8 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
-	"maps"
-	"strings"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,18 +29,21 @@ const maxHeldExtension = 24 * time.Hour
 type outcome int
 
 const (
-	outAck     outcome = iota
-	outNack            // ModifyAckDeadline 0, or a message the client could not be sent
-	outExpired         // the deadline passed
+	outAck      outcome = iota
+	outNack             // ModifyAckDeadline 0
+	outExpired          // the deadline passed
+	outReturned         // never reached a client (refused, or the send failed): redelivered at once
 )
 
 // dispatcher runs one adapter Receive for a subscription and hands its
 // messages to the streams and Pull calls attached to it.
 type dispatcher struct {
-	s           *Server
-	name        string // projects/P/subscriptions/S
-	ordering    bool
-	ackDeadline time.Duration
+	s        *Server
+	name     string // projects/P/subscriptions/S
+	ordering bool
+	// cfg is the subscription's configuration, refreshed every second
+	// (refresh) so updates made through any sidecar reach this one.
+	cfg atomic.Pointer[adapter.SubscriptionConfig]
 
 	// ready passes each message from its Receive handler to whichever
 	// stream or Pull call takes it first. It is unbuffered: a message waits
@@ -113,6 +115,9 @@ func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, e
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	if cfg.Detached {
+		return nil, toStatus(fmt.Errorf("%w: %s", adapter.ErrDetached, name))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -123,20 +128,25 @@ func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, e
 	}
 	rctx, cancel := context.WithCancel(context.Background())
 	d := &dispatcher{
-		s: s, name: name, ordering: cfg.EnableMessageOrdering, ackDeadline: cfg.AckDeadline,
+		s: s, name: name, ordering: cfg.EnableMessageOrdering,
 		ready: make(chan *lease), cancel: cancel,
 		draining: make(chan struct{}), drained: make(chan struct{}), done: make(chan struct{}),
 		leases: make(map[uint64]*lease), keys: make(map[string]int), attached: 1,
 	}
+	d.cfg.Store(&cfg)
 	s.dispatchers[name] = d
 	sub.ReceiveSettings.MaxOutstandingMessages = s.cfg.MaxOutstandingMessages
 	sub.ReceiveSettings.MaxExtension = maxHeldExtension
 	sub.ReceiveSettings.OnDeadLetter = func(*adapter.Message) { s.b.Metrics.DeadLettered.Inc() }
 	sub.ReceiveSettings.Stats = &s.partitions
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
 		d.finish(sub.Receive(rctx, d.handle))
+	}()
+	go func() {
+		defer s.wg.Done()
+		d.refresh(sub)
 	}()
 	s.log.Debug("receiving", "subscription", name)
 	return d, nil
@@ -250,14 +260,17 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 	select {
 	case d.ready <- l:
 	case <-ctx.Done():
-		m.Nack()
+		m.Release()
 		return
 	}
 	select {
 	case o := <-l.result:
-		if o == outAck {
+		switch o {
+		case outAck:
 			m.Ack()
-		} else {
+		case outReturned:
+			m.Release()
+		default: // a nack or an expired deadline: the retry policy applies
 			m.Nack()
 		}
 	case <-ctx.Done():
@@ -270,13 +283,52 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 				return
 			}
 		}
-		m.Nack()
+		m.Release()
 	}
 }
 
+// refresh keeps d.cfg up to date until Receive ends.
+func (d *dispatcher) refresh(sub *adapter.Subscription) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.done:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		cfg, err := sub.Config(ctx)
+		cancel()
+		if err == nil {
+			d.cfg.Store(&cfg)
+		}
+	}
+}
+
+// reload reads the subscription's configuration now, after an update
+// through this sidecar.
+func (d *dispatcher) reload(ctx context.Context, sub *adapter.Subscription) {
+	if cfg, err := sub.Config(ctx); err == nil {
+		d.cfg.Store(&cfg)
+	}
+}
+
+// dispatcherOf returns the running dispatcher of a subscription, or nil.
+func (s *Server) dispatcherOf(name string) *dispatcher {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dispatchers[name]
+}
+
+// ackDeadline is the subscription's ack deadline: the lease of a Pull, and
+// of a stream that sets none.
+func (d *dispatcher) ackDeadline() time.Duration { return d.cfg.Load().AckDeadline }
+
 // refuse hands back a message taken from ready that will not be leased
-// (the taker is ending, or handing out has stopped): its handler nacks it.
-func (d *dispatcher) refuse(l *lease) { l.result <- outNack }
+// (the taker is ending, or handing out has stopped): its handler hands it
+// back for redelivery at once.
+func (d *dispatcher) refuse(l *lease) { l.result <- outReturned }
 
 func (d *dispatcher) holdKey(key string, n int) {
 	if key == "" {
@@ -320,11 +372,13 @@ func (d *dispatcher) lease(l *lease, f *flow, deadline time.Duration) *pb.Receiv
 	} else if !l.msg.PublishTime.IsZero() {
 		mt.DeliveryLatency.Observe(time.Since(l.msg.PublishTime))
 	}
-	return &pb.ReceivedMessage{
-		AckId:           d.s.ackID(d.name, id),
-		Message:         messageProto(l.msg),
-		DeliveryAttempt: int32(l.msg.DeliveryAttempt),
+	rm := &pb.ReceivedMessage{AckId: d.s.ackID(d.name, id), Message: messageProto(l.msg)}
+	if d.cfg.Load().DeadLetterPolicy != nil {
+		// As the service: delivery_attempt is set only with a dead-letter
+		// policy, and is 0 (absent) otherwise.
+		rm.DeliveryAttempt = int32(l.msg.DeliveryAttempt)
 	}
+	return rm
 }
 
 // settle ends the lease id with o; it reports false for a lease that has
@@ -348,7 +402,7 @@ func (d *dispatcher) settle(id uint64, o outcome) bool {
 	switch o {
 	case outAck:
 		mt.Acked.Inc()
-	case outNack:
+	case outNack, outReturned:
 		mt.Nacked.Inc()
 	case outExpired:
 		mt.Expired.Inc()
@@ -394,27 +448,11 @@ func (d *dispatcher) drop(l *lease) bool {
 }
 
 // messageProto is the Pub/Sub form of a delivered message. Headers written
-// by other NATS publishers (CloudEvents' ce-*, content-type) are added as
-// attributes, unless an attribute of that name exists.
+// by other NATS publishers and protocol bindings (CloudEvents' ce-*,
+// content-type) are added as attributes, plain as the Pub/Sub binding wants
+// them (adapter.Message.PubSubAttributes).
 func messageProto(m *adapter.Message) *pb.PubsubMessage {
-	attrs, copied := m.Attributes, false
-	for name, vals := range m.Header {
-		lower := strings.ToLower(name)
-		if len(vals) == 0 || strings.HasPrefix(lower, "jetorder-") || strings.HasPrefix(lower, "nats-") {
-			continue
-		}
-		if _, ok := attrs[lower]; ok {
-			continue
-		}
-		if !copied { // m.Attributes is the application's: never write to it
-			attrs, copied = maps.Clone(m.Attributes), true
-			if attrs == nil {
-				attrs = make(map[string]string, len(m.Header))
-			}
-		}
-		attrs[lower] = vals[0]
-	}
-	out := &pb.PubsubMessage{Data: m.Data, Attributes: attrs, MessageId: m.ID, OrderingKey: m.OrderingKey}
+	out := &pb.PubsubMessage{Data: m.Data, Attributes: m.PubSubAttributes(), MessageId: m.ID, OrderingKey: m.OrderingKey}
 	if !m.PublishTime.IsZero() {
 		out.PublishTime = timestamppb.New(m.PublishTime)
 	}
@@ -483,7 +521,8 @@ func (s *Server) parseAckIDs(sub string, ackIDs []string) ([]uint64, error) {
 }
 
 // flow is a stream's flow control: the client's limits on messages and
-// bytes outstanding (handed over and not settled). Zero means no limit.
+// bytes outstanding (handed over and not settled). Zero or less means no
+// limit, as the API says (the Go client sends -1 for "no limit").
 type flow struct {
 	maxMsgs, maxBytes int64
 

@@ -2,12 +2,14 @@ package pubsubapi
 
 import (
 	"context"
+	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/cloudevents"
 )
 
 // Pub/Sub's limits on one Publish request.
@@ -16,19 +18,22 @@ const (
 	maxPublishRequestMessages = 1000
 )
 
-// CreateTopic creates a topic; message_retention_duration bounds how long
-// its messages are kept.
+// CreateTopic creates a topic with its labels and
+// message_retention_duration (10 minutes to 31 days, as the service; without
+// it, messages are kept until the topic is deleted).
 func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error) {
 	project, id, err := parseTopic(t.GetName())
 	if err != nil {
 		return nil, err
 	}
-	cfg := &adapter.TopicConfig{}
+	cfg := &adapter.TopicConfig{Labels: t.GetLabels()}
 	if d := t.GetMessageRetentionDuration(); d != nil {
-		if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
-			return nil, invalid("invalid message_retention_duration %v", d)
+		if cfg.RetentionDuration, err = topicRetention(d); err != nil {
+			return nil, err
 		}
-		cfg.RetentionDuration = d.AsDuration()
+	}
+	if err := checkLabels(t.GetLabels()); err != nil {
+		return nil, err
 	}
 	if t.GetSchemaSettings() != nil || t.GetIngestionDataSourceSettings() != nil || len(t.GetMessageTransforms()) > 0 {
 		return nil, invalid("topic %s: schemas, ingestion and message transforms are not supported", t.GetName())
@@ -44,12 +49,72 @@ func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error
 	return topicProto(created, *cfg), nil
 }
 
+// The service's bounds on a topic's message retention.
+const (
+	minTopicRetention = 10 * time.Minute
+	maxTopicRetention = 31 * 24 * time.Hour
+)
+
+func topicRetention(d *durationpb.Duration) (time.Duration, error) {
+	if err := d.CheckValid(); err != nil || d.AsDuration() < minTopicRetention || d.AsDuration() > maxTopicRetention {
+		return 0, invalid("invalid message_retention_duration %s: must be between %v and %v", d.AsDuration(), minTopicRetention, maxTopicRetention)
+	}
+	return d.AsDuration(), nil
+}
+
 func topicProto(t *adapter.Topic, cfg adapter.TopicConfig) *pb.Topic {
-	out := &pb.Topic{Name: t.String(), State: pb.Topic_ACTIVE}
+	out := &pb.Topic{Name: t.String(), State: pb.Topic_ACTIVE, Labels: cfg.Labels}
 	if cfg.RetentionDuration > 0 {
 		out.MessageRetentionDuration = durationpb.New(cfg.RetentionDuration)
 	}
 	return out
+}
+
+// UpdateTopic changes a topic's labels and message_retention_duration
+// (removed by an empty one: messages are then kept until the topic is
+// deleted). Other fields cannot be changed.
+func (s *Server) UpdateTopic(ctx context.Context, req *pb.UpdateTopicRequest) (*pb.Topic, error) {
+	name := req.GetTopic().GetName()
+	t, err := s.topicOf(name)
+	if err != nil {
+		return nil, err
+	}
+	paths := req.GetUpdateMask().GetPaths()
+	if len(paths) == 0 {
+		return nil, invalid("update %s: update_mask names no field", name)
+	}
+	var u adapter.TopicUpdate
+	for _, p := range paths {
+		switch p {
+		case "labels":
+			if err := checkLabels(req.GetTopic().GetLabels()); err != nil {
+				return nil, err
+			}
+			u.Labels = req.GetTopic().GetLabels()
+			if u.Labels == nil {
+				u.Labels = map[string]string{}
+			}
+		case "message_retention_duration":
+			var d time.Duration
+			if r := req.GetTopic().GetMessageRetentionDuration(); r != nil {
+				if d, err = topicRetention(r); err != nil {
+					return nil, err
+				}
+			}
+			u.RetentionDuration = &d
+		case "name":
+			return nil, invalid("update %s: a topic's name cannot be changed", name)
+		case "message_storage_policy", "kms_key_name", "ingestion_data_source_settings", "message_transforms", "satisfies_pzs", "state":
+			return nil, invalid("update %s: %s is not supported by this server", name, p)
+		default:
+			return nil, invalid("update %s: unknown field name %q in update_mask", name, p)
+		}
+	}
+	cfg, err := t.Update(ctx, u)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return topicProto(t, cfg), nil
 }
 
 // GetTopic returns a topic's configuration.
@@ -126,8 +191,9 @@ func (s *Server) ListTopicSubscriptions(ctx context.Context, req *pb.ListTopicSu
 	return &pb.ListTopicSubscriptionsResponse{Subscriptions: names, NextPageToken: next}, nil
 }
 
-// DeleteTopic deletes a topic and its messages. Its subscriptions stay,
-// detached.
+// DeleteTopic deletes a topic and its messages. Its subscriptions stay and
+// name the topic "_deleted-topic_", as in the service; they receive
+// nothing more.
 func (s *Server) DeleteTopic(ctx context.Context, req *pb.DeleteTopicRequest) (*emptypb.Empty, error) {
 	project, id, err := parseTopic(req.GetTopic())
 	if err != nil {
@@ -173,6 +239,7 @@ func (s *Server) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 			return nil, invalid("publish to %s: message %d has neither data nor attributes", req.GetTopic(), i)
 		}
 		msgs[i] = &adapter.Message{Data: m.GetData(), Attributes: m.GetAttributes(), OrderingKey: m.GetOrderingKey()}
+		cloudevents.FromPubSub(msgs[i]) // a CloudEvent is stored as every binding reads it
 	}
 	ids, err := s.b.Publish(ctx, project, id, msgs)
 	if err != nil {

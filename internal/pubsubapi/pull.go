@@ -15,7 +15,8 @@ import (
 )
 
 const (
-	maxAckDeadlineSeconds = 600
+	defaultAckDeadlineSeconds = 10
+	maxAckDeadlineSeconds     = 600
 	// maxBatchMessages and maxBatchBytes bound one StreamingPull response
 	// or Pull result (clients accept 4 MiB messages by default).
 	maxBatchMessages = 1000
@@ -50,9 +51,6 @@ func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 	deadline, err := streamDeadline(first.GetStreamAckDeadlineSeconds())
 	if err != nil {
 		return err
-	}
-	if first.GetMaxOutstandingMessages() < 0 || first.GetMaxOutstandingBytes() < 0 {
-		return invalid("max_outstanding_messages and max_outstanding_bytes must not be negative")
 	}
 	d, err := s.attach(ctx, project, id)
 	if err != nil {
@@ -160,7 +158,7 @@ func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
 		}
 		deadline := time.Duration(st.deadline.Load())
 		if deadline == 0 {
-			deadline = d.ackDeadline
+			deadline = d.ackDeadline()
 		}
 		batch, leased := d.leaseBatch(l, st.flow, deadline, maxBatchMessages)
 		if len(batch) == 0 {
@@ -168,7 +166,7 @@ func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
 		}
 		if err := st.send(batch); err != nil {
 			for _, id := range leased { // the client may not have them: hand them back now
-				d.settle(id, outNack)
+				d.settle(id, outReturned)
 			}
 			return err
 		}
@@ -193,6 +191,10 @@ func (st *pullStream) receive() error {
 		req, err := st.stream.Recv()
 		if err != nil {
 			return err
+		}
+		// As the service: these belong to the first request only.
+		if req.GetMaxOutstandingMessages() != 0 || req.GetMaxOutstandingBytes() != 0 || req.GetProtocolVersion() != 0 {
+			return invalid("max_outstanding_messages, max_outstanding_bytes and protocol_version can only be set on the first request of a stream")
 		}
 		if err := st.apply(req); err != nil {
 			return err
@@ -303,7 +305,7 @@ func (s *Server) Pull(ctx context.Context, req *pb.PullRequest) (*pb.PullRespons
 		d.refuse(l) // the caller is gone: do not lease what it cannot get
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	resp.ReceivedMessages, _ = d.leaseBatch(l, nil, d.ackDeadline, int(min(req.GetMaxMessages(), maxBatchMessages)))
+	resp.ReceivedMessages, _ = d.leaseBatch(l, nil, d.ackDeadline(), int(min(req.GetMaxMessages(), maxBatchMessages)))
 	return resp, nil
 }
 

@@ -21,6 +21,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/nats-io/nats.go"
@@ -271,6 +273,8 @@ func toStatus(err error) error {
 		errors.Is(err, keyrouter.ErrInvalidTopicID), errors.Is(err, keyrouter.ErrInvalidSubscriptionID),
 		errors.Is(err, nats.ErrMaxPayload): // data and headers together over the server's max_payload
 		code = codes.InvalidArgument
+	case errors.Is(err, adapter.ErrDetached):
+		code = codes.FailedPrecondition
 	case errors.Is(err, broker.ErrTooManyProjects):
 		code = codes.ResourceExhausted
 	case errors.Is(err, context.DeadlineExceeded):
@@ -291,6 +295,48 @@ func toStatus(err error) error {
 		}
 	}
 	return status.Error(code, err.Error())
+}
+
+// checkLabels applies the service's rules to labels: at most 64; keys of
+// 1..63 characters, starting with a lower-case letter, of lower-case
+// letters, digits, '_' and '-' (international letters too); values of
+// 0..63 such characters.
+func checkLabels(labels map[string]string) error {
+	if len(labels) > maxLabels {
+		return invalid("%d labels, at most %d", len(labels), maxLabels)
+	}
+	for k, v := range labels {
+		first, _ := utf8.DecodeRuneInString(k)
+		switch {
+		case k == "" || utf8.RuneCountInString(k) > maxLabelChars:
+			return invalid("label key %q: must be 1 to %d characters", k, maxLabelChars)
+		case !unicode.IsLower(first) && (first < 0x80 || !unicode.IsLetter(first)):
+			return invalid("label key %q: must start with a lower-case letter", k)
+		case !labelText(k):
+			return invalid("label key %q: only lower-case letters, digits, '_' and '-' are allowed", k)
+		case utf8.RuneCountInString(v) > maxLabelChars:
+			return invalid("label %q: value must be at most %d characters", k, maxLabelChars)
+		case !labelText(v):
+			return invalid("label %q: value %q: only lower-case letters, digits, '_' and '-' are allowed", k, v)
+		}
+	}
+	return nil
+}
+
+const (
+	maxLabels     = 64
+	maxLabelChars = 63
+)
+
+func labelText(s string) bool {
+	for _, r := range s {
+		ok := r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-' ||
+			r >= 0x80 && (unicode.IsLower(r) || unicode.IsLetter(r) && !unicode.IsUpper(r) || unicode.IsDigit(r))
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 func invalid(format string, args ...any) error {

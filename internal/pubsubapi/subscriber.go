@@ -7,16 +7,19 @@ import (
 	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/jetorder/jetorder/adapter"
 )
 
-// CreateSubscription creates a pull subscription. It honours
-// enable_message_ordering, ack_deadline_seconds (1..600, 0 means 10),
-// dead_letter_policy and labels; message_retention_duration, retry_policy
-// and expiration_policy are accepted and not applied (the topic's retention
-// governs). Push, export, filters and exactly-once delivery are refused.
+// CreateSubscription creates a pull subscription with the service's
+// settings: enable_message_ordering, ack_deadline_seconds (10..600, 0
+// means 10), dead_letter_policy, retry_policy, labels; and, kept and
+// returned but governed by the topic's retention,
+// message_retention_duration, retain_acked_messages and expiration_policy;
+// filter (messages that do not match are acked unseen). Push, export and
+// exactly-once delivery are refused.
 func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (*pb.Subscription, error) {
 	project, id, err := parseSubscription(sub.GetName())
 	if err != nil {
@@ -31,16 +34,23 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 		return nil, invalid("subscription %s: push subscriptions are not supported", sub.GetName())
 	case sub.GetBigqueryConfig() != nil || sub.GetCloudStorageConfig() != nil || sub.GetBigtableConfig() != nil:
 		return nil, invalid("subscription %s: export subscriptions are not supported", sub.GetName())
-	case sub.GetFilter() != "":
-		return nil, invalid("subscription %s: filters are not supported", sub.GetName())
 	case sub.GetEnableExactlyOnceDelivery():
 		return nil, invalid("subscription %s: exactly-once delivery is not supported", sub.GetName())
 	case len(sub.GetMessageTransforms()) > 0:
 		return nil, invalid("subscription %s: message transforms are not supported", sub.GetName())
+	case sub.GetDetached():
+		return nil, invalid("subscription %s: detached is set by DetachSubscription, not at creation", sub.GetName())
 	}
-	secs := sub.GetAckDeadlineSeconds()
-	if secs < 0 || secs > 600 {
-		return nil, invalid("subscription %s: ack_deadline_seconds %d not in 0..600", sub.GetName(), secs)
+	deadline, err := ackDeadline(sub.GetName(), sub.GetAckDeadlineSeconds())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkLabels(sub.GetLabels()); err != nil {
+		return nil, err
+	}
+	settings, err := newSubSettings(sub)
+	if err != nil {
+		return nil, err
 	}
 	c, err := s.client(project)
 	if err != nil {
@@ -52,9 +62,12 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 	}
 	cfg := adapter.SubscriptionConfig{
 		Topic:                 tc.Topic(topicID),
-		AckDeadline:           time.Duration(secs) * time.Second,
+		AckDeadline:           deadline,
 		EnableMessageOrdering: sub.GetEnableMessageOrdering(),
 		Labels:                sub.GetLabels(),
+		RetryPolicy:           retryPolicy(sub.GetRetryPolicy()),
+		Filter:                sub.GetFilter(),
+		ServiceSettings:       settings.encode(),
 	}
 	if err := s.delivery(&cfg); err != nil {
 		return nil, err
@@ -67,6 +80,28 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 		return nil, toStatus(err)
 	}
 	return s.subscriptionProto(ctx, created)
+}
+
+// ackDeadline checks ack_deadline_seconds: 1..600, 0 means 10. The
+// service's minimum is 10; shorter deadlines are kept for tests and for
+// apps that want a lost message back quickly (docs/SIDECAR.md).
+func ackDeadline(sub string, secs int32) (time.Duration, error) {
+	if secs == 0 {
+		secs = defaultAckDeadlineSeconds
+	}
+	if secs < 1 || secs > maxAckDeadlineSeconds {
+		return 0, invalid("subscription %s: ack_deadline_seconds %d not in 0..%d", sub, secs, maxAckDeadlineSeconds)
+	}
+	return time.Duration(secs) * time.Second, nil
+}
+
+// retryPolicy is the adapter's form of p; unset backoffs mean the
+// service's defaults, which the adapter applies.
+func retryPolicy(p *pb.RetryPolicy) *adapter.RetryPolicy {
+	if p == nil {
+		return nil
+	}
+	return &adapter.RetryPolicy{MinimumBackoff: p.GetMinimumBackoff().AsDuration(), MaximumBackoff: p.GetMaximumBackoff().AsDuration()}
 }
 
 // deadLetterPolicy turns the proto policy into the adapter's; nil or an
@@ -82,6 +117,10 @@ func (s *Server) deadLetterPolicy(p *pb.DeadLetterPolicy) (*adapter.DeadLetterPo
 	return &adapter.DeadLetterPolicy{Topic: t, MaxDeliveryAttempts: int(p.GetMaxDeliveryAttempts())}, nil
 }
 
+// deletedTopic is what a subscription whose topic was deleted names as its
+// topic, as in the service.
+const deletedTopic = "_deleted-topic_"
+
 func (s *Server) subscriptionProto(ctx context.Context, sub *adapter.Subscription) (*pb.Subscription, error) {
 	cfg, err := sub.Config(ctx)
 	if err != nil {
@@ -90,14 +129,26 @@ func (s *Server) subscriptionProto(ctx context.Context, sub *adapter.Subscriptio
 	out := &pb.Subscription{
 		Name:                  sub.String(),
 		Topic:                 cfg.Topic.String(),
+		PushConfig:            &pb.PushConfig{},
 		AckDeadlineSeconds:    int32(cfg.AckDeadline / time.Second),
 		EnableMessageOrdering: cfg.EnableMessageOrdering,
 		Labels:                cfg.Labels,
+		Detached:              cfg.Detached,
+		Filter:                cfg.Filter,
 		State:                 pb.Subscription_ACTIVE,
+	}
+	if cfg.TopicDeleted {
+		out.Topic = deletedTopic
+	} else if tcfg, err := cfg.Topic.Config(ctx); err == nil && tcfg.RetentionDuration > 0 {
+		out.TopicMessageRetentionDuration = durationpb.New(tcfg.RetentionDuration)
 	}
 	if p := cfg.DeadLetterPolicy; p != nil {
 		out.DeadLetterPolicy = &pb.DeadLetterPolicy{DeadLetterTopic: p.Topic.String(), MaxDeliveryAttempts: int32(p.MaxDeliveryAttempts)}
 	}
+	if p := cfg.RetryPolicy; p != nil {
+		out.RetryPolicy = &pb.RetryPolicy{MinimumBackoff: durationpb.New(p.MinimumBackoff), MaximumBackoff: durationpb.New(p.MaximumBackoff)}
+	}
+	decodeSubSettings(cfg.ServiceSettings).apply(out)
 	return out, nil
 }
 
@@ -110,42 +161,111 @@ func (s *Server) GetSubscription(ctx context.Context, req *pb.GetSubscriptionReq
 	return s.subscriptionProto(ctx, sub)
 }
 
-// UpdateSubscription changes labels and the dead-letter policy. Message
-// ordering cannot change; other fields are not supported.
+// UpdateSubscription changes the fields its update_mask names. The
+// topic, message ordering and filter cannot change after creation, as in
+// the service; push, export and exactly-once delivery are refused as at
+// creation.
 func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscriptionRequest) (*pb.Subscription, error) {
-	sub, err := s.subscriptionOf(req.GetSubscription().GetName())
+	in := req.GetSubscription()
+	name := in.GetName()
+	sub, err := s.subscriptionOf(name)
 	if err != nil {
 		return nil, err
 	}
+	// A missing subscription is NOT_FOUND whatever the mask says.
+	cur, err := sub.Config(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
 	paths := req.GetUpdateMask().GetPaths()
 	if len(paths) == 0 {
-		return nil, invalid("update %s: update_mask names no field", req.GetSubscription().GetName())
+		return nil, invalid("update %s: update_mask names no field", name)
 	}
+	settings := decodeSubSettings(cur.ServiceSettings)
 	var u adapter.SubscriptionUpdate
+	settingsChanged := false
 	for _, p := range paths {
 		switch p {
 		case "labels":
-			u.Labels = req.GetSubscription().GetLabels()
+			if err := checkLabels(in.GetLabels()); err != nil {
+				return nil, err
+			}
+			u.Labels = in.GetLabels()
 			if u.Labels == nil {
 				u.Labels = map[string]string{}
 			}
+			if cur.Labels[labelDelivery] != "" && u.Labels[labelDelivery] != cur.Labels[labelDelivery] {
+				return nil, invalid("update %s: label %s is set at creation and cannot change (it is %q)", name, labelDelivery, cur.Labels[labelDelivery])
+			}
 		case "dead_letter_policy":
-			if u.DeadLetterPolicy, err = s.deadLetterPolicy(req.GetSubscription().GetDeadLetterPolicy()); err != nil {
+			if u.DeadLetterPolicy, err = s.deadLetterPolicy(in.GetDeadLetterPolicy()); err != nil {
 				return nil, err
 			}
 			if u.DeadLetterPolicy == nil {
 				u.DeadLetterPolicy = &adapter.DeadLetterPolicy{} // no topic: remove the policy
 			}
+		case "ack_deadline_seconds":
+			if u.AckDeadline, err = ackDeadline(name, in.GetAckDeadlineSeconds()); err != nil {
+				return nil, err
+			}
+		case "retry_policy":
+			u.SetRetryPolicy, u.RetryPolicy = true, retryPolicy(in.GetRetryPolicy())
+		case "message_retention_duration", "retain_acked_messages", "expiration_policy":
+			if err := settings.update(p, in); err != nil {
+				return nil, err
+			}
+			settingsChanged = true
+		case "push_config":
+			if in.GetPushConfig().GetPushEndpoint() != "" {
+				return nil, invalid("update %s: push subscriptions are not supported", name)
+			}
+		case "enable_exactly_once_delivery":
+			if in.GetEnableExactlyOnceDelivery() {
+				return nil, invalid("update %s: exactly-once delivery is not supported", name)
+			}
 		case "enable_message_ordering":
-			return nil, invalid("update %s: enable_message_ordering cannot be changed after creation", req.GetSubscription().GetName())
+			return nil, invalid("update %s: enable_message_ordering cannot be changed after creation", name)
+		case "filter":
+			return nil, invalid("update %s: a subscription's filter cannot be changed after creation", name)
+		case "topic", "name":
+			return nil, invalid("update %s: a subscription's %s cannot be changed", name, p)
+		case "detached":
+			return nil, invalid("update %s: detached is set by DetachSubscription", name)
+		case "bigquery_config", "cloud_storage_config", "bigtable_config":
+			return nil, invalid("update %s: export subscriptions are not supported", name)
+		case "message_transforms":
+			return nil, invalid("update %s: message transforms are not supported", name)
 		default:
-			return nil, invalid("update %s: updating %q is not supported (labels and dead_letter_policy are)", req.GetSubscription().GetName(), p)
+			return nil, invalid("update %s: unknown field name %q in update_mask", name, p)
 		}
+	}
+	if settingsChanged {
+		if err := settings.check(); err != nil {
+			return nil, err
+		}
+		u.ServiceSettings = settings.encode()
 	}
 	if _, err := sub.Update(ctx, u); err != nil {
 		return nil, toStatus(err)
 	}
+	if d := s.dispatcherOf(name); d != nil {
+		d.reload(ctx, sub) // this sidecar's streams see the change at once
+	}
 	return s.subscriptionProto(ctx, sub)
+}
+
+// DetachSubscription detaches a subscription from its topic: its unacked
+// messages are dropped, it receives nothing more (Pull and StreamingPull
+// answer FAILED_PRECONDITION), and it stays until deleted.
+func (s *Server) DetachSubscription(ctx context.Context, req *pb.DetachSubscriptionRequest) (*pb.DetachSubscriptionResponse, error) {
+	sub, err := s.subscriptionOf(req.GetSubscription())
+	if err != nil {
+		return nil, err
+	}
+	if err := sub.Detach(ctx); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.DetachSubscriptionResponse{}, nil
 }
 
 // ListSubscriptions lists a project's subscriptions, sorted by name.

@@ -21,7 +21,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	_ "google.golang.org/grpc/encoding/gzip" // clients may compress requests (the Go client's EnableCompression)
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/broker"
@@ -135,7 +139,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 
 	gopts := []grpc.ServerOption{
 		// Pub/Sub accepts 10 MB publish requests; leave room for framing.
-		grpc.MaxRecvMsgSize(12 << 20),
+		grpc.MaxRecvMsgSize(maxGRPCMessage),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}
 	if tlsConf != nil {
@@ -143,6 +147,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 	}
 	gs := grpc.NewServer(gopts...)
 	api.Register(gs)
+	schemas := pubsubapi.NewSchemaServer(b.Conn(), max(cfg.Replicas, 1), log)
+	schemas.Register(gs)
+	// Health: SERVING while NATS and JetStream answer (they do by now),
+	// NOT_SERVING while they do not, and from the start of shutdown.
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	reflection.Register(gs)
+	healthCtx, stopHealth := context.WithCancel(ctx)
+	defer stopHealth()
+	go watchHealth(healthCtx, hs, func(ctx context.Context) error { return checkReady(ctx, nc, js) })
 	gl, err := net.Listen("tcp", cfg.GRPCAddr)
 	if err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)
@@ -151,7 +165,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 	grpcDone := make(chan error, 1)
 	go func() { grpcDone <- gs.Serve(gl) }()
 
-	var hs *http.Server
+	var httpSrv *http.Server
 	var hl net.Listener
 	httpDone := make(chan error, 1)
 	if cfg.HTTPAddr != "" && cfg.HTTPAddr != "off" {
@@ -161,7 +175,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 			return fmt.Errorf("--http-addr: %w", err)
 		}
 		where.HTTP = hl.Addr().String()
-		hs = &http.Server{
+		httpSrv = &http.Server{
 			Handler: httpapi.New(httpapi.Config{
 				Broker:         b,
 				DefaultProject: cfg.Project,
@@ -175,9 +189,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 		}
 		go func() {
 			if tlsConf != nil {
-				httpDone <- hs.ServeTLS(hl, "", "")
+				httpDone <- httpSrv.ServeTLS(hl, "", "")
 			} else {
-				httpDone <- hs.Serve(hl)
+				httpDone <- httpSrv.Serve(hl)
 			}
 		}()
 	}
@@ -194,7 +208,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 	if tlsConf == nil && beyondLoopback(gl.Addr()) {
 		log.Warn("the gRPC API listens beyond loopback without TLS", "grpc", where.GRPC)
 	}
-	if tlsConf == nil && hs != nil && beyondLoopback(hl.Addr()) {
+	if tlsConf == nil && httpSrv != nil && beyondLoopback(hl.Addr()) {
 		log.Warn("the HTTP API listens beyond loopback without TLS", "http", where.HTTP)
 	}
 	if srv != nil && where.NATS != "" && beyondLoopback(srv.Addr()) {
@@ -213,12 +227,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 		runErr = fmt.Errorf("HTTP server: %w", err)
 	}
 	log.Info("shutting down")
+	stopHealth()
+	hs.Shutdown() // NOT_SERVING: load balancers stop sending new work
 	dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	api.Drain(dctx) // clients settle what they hold
 	cancel()
-	if hs != nil {
+	if httpSrv != nil {
 		hctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-		_ = hs.Shutdown(hctx) // in-flight publishes finish
+		_ = httpSrv.Shutdown(hctx) // in-flight publishes finish
 		cancel()
 	}
 	api.Close() // the rest goes back; streams end with UNAVAILABLE
@@ -350,6 +366,38 @@ func checkReady(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) erro
 		return fmt.Errorf("JetStream: %w", err)
 	}
 	return nil
+}
+
+// maxGRPCMessage bounds a request: Pub/Sub's 10 MB publish request, with
+// room for framing.
+const maxGRPCMessage = 12 << 20
+
+// healthServices are the names the health service answers for: the
+// server as a whole ("") and each Pub/Sub service.
+var healthServices = []string{"", "google.pubsub.v1.Publisher", "google.pubsub.v1.Subscriber", "google.pubsub.v1.SchemaService"}
+
+// watchHealth sets the gRPC health status of healthServices from ready,
+// checked every second until ctx ends.
+func watchHealth(ctx context.Context, hs *health.Server, ready func(context.Context) error) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		st := healthpb.HealthCheckResponse_SERVING
+		if ready(ctx) != nil {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		if ctx.Err() != nil {
+			return // shutting down: Shutdown has set NOT_SERVING
+		}
+		for _, name := range healthServices {
+			hs.SetServingStatus(name, st)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func orOff(s string) string {

@@ -1,0 +1,123 @@
+package pubsubapi
+
+import (
+	"encoding/json"
+	"time"
+
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// subSettings are a subscription's Pub/Sub settings that the library does
+// not act on, kept in its record (adapter.SubscriptionConfig.
+// ServiceSettings) as JSON so that they read back as they were set. The
+// topic's retention governs what is kept (docs/SIDECAR.md).
+type subSettings struct {
+	RetentionMS int64 `json:"retention_ms"`
+	RetainAcked bool  `json:"retain_acked,omitempty"`
+	// ExpirationMS is the expiration policy's ttl: nil for no policy
+	// (never expires), 0 for a policy without a ttl (never expires
+	// either, as the service reads it).
+	ExpirationMS *int64 `json:"expiration_ms,omitempty"`
+}
+
+// The service's bounds and defaults.
+const (
+	minSubRetention     = 10 * time.Minute
+	maxSubRetention     = 7 * 24 * time.Hour
+	defaultSubRetention = maxSubRetention
+	defaultExpiration   = 31 * 24 * time.Hour
+	minExpiration       = 24 * time.Hour
+)
+
+// newSubSettings reads the settings of a subscription being created,
+// with the service's defaults for those not given.
+func newSubSettings(sub *pb.Subscription) (*subSettings, error) {
+	st := &subSettings{RetentionMS: defaultSubRetention.Milliseconds()}
+	ttl := defaultExpiration.Milliseconds()
+	st.ExpirationMS = &ttl
+	for _, p := range []string{"message_retention_duration", "retain_acked_messages", "expiration_policy"} {
+		if err := st.update(p, sub); err != nil {
+			return nil, err
+		}
+	}
+	if sub.GetExpirationPolicy() == nil {
+		st.ExpirationMS = &ttl // update cleared it: no policy given means the default
+	}
+	if sub.GetMessageRetentionDuration() == nil {
+		st.RetentionMS = defaultSubRetention.Milliseconds()
+	}
+	return st, st.check()
+}
+
+// update sets the field path of the proto subscription in.
+func (st *subSettings) update(path string, in *pb.Subscription) error {
+	switch path {
+	case "message_retention_duration":
+		d := in.GetMessageRetentionDuration()
+		if d == nil {
+			st.RetentionMS = defaultSubRetention.Milliseconds()
+			return nil
+		}
+		if err := d.CheckValid(); err != nil || d.AsDuration() < minSubRetention || d.AsDuration() > maxSubRetention {
+			return invalid("invalid message_retention_duration %s: must be between %v and %v", d.AsDuration(), minSubRetention, maxSubRetention)
+		}
+		st.RetentionMS = d.AsDuration().Milliseconds()
+	case "retain_acked_messages":
+		st.RetainAcked = in.GetRetainAckedMessages()
+	case "expiration_policy":
+		p := in.GetExpirationPolicy()
+		if p == nil {
+			st.ExpirationMS = nil
+			return nil
+		}
+		var ms int64
+		if ttl := p.GetTtl(); ttl != nil {
+			if err := ttl.CheckValid(); err != nil || ttl.AsDuration() < minExpiration {
+				return invalid("invalid expiration_policy.ttl %s: must be at least %v", ttl.AsDuration(), minExpiration)
+			}
+			ms = ttl.AsDuration().Milliseconds()
+		}
+		st.ExpirationMS = &ms
+	}
+	return nil
+}
+
+// check applies the service's rule across fields: a subscription cannot
+// expire before the messages it retains.
+func (st *subSettings) check() error {
+	if st.ExpirationMS != nil && *st.ExpirationMS > 0 && *st.ExpirationMS < st.RetentionMS {
+		return invalid("expiration_policy.ttl %v is shorter than message_retention_duration %v",
+			time.Duration(*st.ExpirationMS)*time.Millisecond, time.Duration(st.RetentionMS)*time.Millisecond)
+	}
+	return nil
+}
+
+func (st *subSettings) encode() []byte {
+	b, _ := json.Marshal(st) // plain fields: cannot fail
+	return b
+}
+
+// decodeSubSettings reads the stored settings; a subscription created
+// before they were kept has the service's defaults.
+func decodeSubSettings(b []byte) *subSettings {
+	st := &subSettings{RetentionMS: defaultSubRetention.Milliseconds()}
+	ttl := defaultExpiration.Milliseconds()
+	st.ExpirationMS = &ttl
+	if len(b) > 0 {
+		_ = json.Unmarshal(b, st) // written by encode; a bad record keeps the defaults
+	}
+	return st
+}
+
+// apply writes the settings into the proto subscription out.
+func (st *subSettings) apply(out *pb.Subscription) {
+	out.MessageRetentionDuration = durationpb.New(time.Duration(st.RetentionMS) * time.Millisecond)
+	out.RetainAckedMessages = st.RetainAcked
+	if st.ExpirationMS != nil {
+		out.ExpirationPolicy = &pb.ExpirationPolicy{}
+		if *st.ExpirationMS > 0 {
+			out.ExpirationPolicy.Ttl = durationpb.New(time.Duration(*st.ExpirationMS) * time.Millisecond)
+		}
+	}
+}
