@@ -288,10 +288,15 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 				err = lerr
 			}
 		}
+		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+			if terr := r.c.checkTopic(sctx, r.rec); errors.Is(terr, ErrTopicDeleted) {
+				err = terr // the topic was deleted as Receive started
+			}
+		}
 		cancel()
 		switch {
 		case err == nil, ctx.Err() != nil:
-		case errors.Is(err, ErrSubscriptionNotFound):
+		case errors.Is(err, ErrSubscriptionNotFound), errors.Is(err, ErrTopicDeleted):
 			r.fail(err)
 		default:
 			r.fail(fmt.Errorf("receive %s: %w", r.sub, err))

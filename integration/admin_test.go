@@ -154,7 +154,7 @@ func TestBadInput(t *testing.T) {
 		}, adapter.ErrInvalidMessage},
 		{"nil message", func() error { _, err := topic.Publish(ctx, nil).Get(ctx); return err }, adapter.ErrInvalidMessage},
 		{"oversized message", func() error {
-			_, err := topic.Publish(ctx, &adapter.Message{Data: make([]byte, 9<<20)}).Get(ctx)
+			_, err := topic.Publish(ctx, &adapter.Message{Data: make([]byte, e.nc.MaxPayload()+1)}).Get(ctx)
 			return err
 		}, adapter.ErrInvalidMessage},
 		{"delete missing topic", func() error { return e.client.Topic("nope").Delete(ctx) }, adapter.ErrTopicNotFound},

@@ -420,9 +420,9 @@ func TestHostileGRPCRequests(t *testing.T) {
 			return err
 		}(), codes.InvalidArgument, "ack_deadline_seconds -1 not in 0..600"},
 		{"update of an unknown field", func() error {
-			_, err := subc.UpdateSubscription(ctx, &pb.UpdateSubscriptionRequest{Subscription: &pb.Subscription{Name: subPath("hostile-sub")}, UpdateMask: fieldMask("filter")})
+			_, err := subc.UpdateSubscription(ctx, &pb.UpdateSubscriptionRequest{Subscription: &pb.Subscription{Name: subPath("hostile-sub")}, UpdateMask: fieldMask("no_such_field")})
 			return err
-		}(), codes.InvalidArgument, `updating "filter" is not supported`},
+		}(), codes.InvalidArgument, `unknown field name "no_such_field"`},
 		{"acknowledge nothing", func() error {
 			_, err := subc.Acknowledge(ctx, &pb.AcknowledgeRequest{Subscription: subPath("hostile-sub")})
 			return err
@@ -447,8 +447,8 @@ func TestHostileGRPCRequests(t *testing.T) {
 			codes.InvalidArgument, "invalid ack id"},
 		{"stream: ack deadline over 600", streamErr(&pb.StreamingPullRequest{Subscription: subPath("hostile-sub"), StreamAckDeadlineSeconds: 601}),
 			codes.InvalidArgument, "stream_ack_deadline_seconds 601 not in 0..600"},
-		{"stream: negative flow control", streamErr(&pb.StreamingPullRequest{Subscription: subPath("hostile-sub"), MaxOutstandingBytes: -1}),
-			codes.InvalidArgument, "must not be negative"},
+		{"stream: flow control on a later request", streamErr(first, &pb.StreamingPullRequest{MaxOutstandingMessages: 5}),
+			codes.InvalidArgument, "can only be set on the first request"},
 		{"stream: modify lists of different lengths", streamErr(first, &pb.StreamingPullRequest{ModifyDeadlineAckIds: []string{"a", "b"}, ModifyDeadlineSeconds: []int32{10}}),
 			codes.InvalidArgument, "modify_deadline_seconds has 1 entries and modify_deadline_ack_ids 2"},
 		{"stream: modify deadline over 600", streamErr(first, &pb.StreamingPullRequest{ModifyDeadlineAckIds: []string{"a"}, ModifyDeadlineSeconds: []int32{601}}),

@@ -206,7 +206,10 @@ func TestSidecarHoldsEachKeyUntilAck(t *testing.T) {
 	sc := startSidecar(t, sidecar.Config{})
 	c := sc.goClient()
 	mustCreateTopic(t, c, "held")
-	mustCreateSub(t, c, &pb.Subscription{Name: subPath("held-sub"), Topic: topicPath("held"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
+	mustCreateTopic(t, c, "held-dead")
+	// A dead-letter policy, so that deliveries carry their attempt.
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("held-sub"), Topic: topicPath("held"), EnableMessageOrdering: true, AckDeadlineSeconds: 60,
+		DeadLetterPolicy: &pb.DeadLetterPolicy{DeadLetterTopic: topicPath("held-dead"), MaxDeliveryAttempts: 100}})
 	pubc, subc := sc.rawClient()
 	var msgs []*pb.PubsubMessage
 	for i := range 3 {
@@ -262,7 +265,10 @@ func TestSidecarLeaseExpiryAndExtension(t *testing.T) {
 	sc := startSidecar(t, sidecar.Config{})
 	c := sc.goClient()
 	mustCreateTopic(t, c, "leases")
-	mustCreateSub(t, c, &pb.Subscription{Name: subPath("leases-sub"), Topic: topicPath("leases"), EnableMessageOrdering: true, AckDeadlineSeconds: 1})
+	mustCreateTopic(t, c, "leases-dead")
+	// A dead-letter policy, so that deliveries carry their attempt.
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("leases-sub"), Topic: topicPath("leases"), EnableMessageOrdering: true, AckDeadlineSeconds: 1,
+		DeadLetterPolicy: &pb.DeadLetterPolicy{DeadLetterTopic: topicPath("leases-dead"), MaxDeliveryAttempts: 100}})
 	pubc, subc := sc.rawClient()
 	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("leases"), Messages: []*pb.PubsubMessage{
 		{Data: []byte("m0"), OrderingKey: "k"}, {Data: []byte("m1"), OrderingKey: "k"}}}); err != nil {
@@ -402,9 +408,9 @@ func TestSidecarBadRequests(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "neither data nor attributes"},
 		{"oversized message", func() error {
-			_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("bad"), Messages: []*pb.PubsubMessage{{Data: make([]byte, 9<<20)}}})
+			_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("bad"), Messages: []*pb.PubsubMessage{{Data: make([]byte, 10<<20+1)}}})
 			return err
-		}, codes.InvalidArgument, "invalid message"},
+		}, codes.InvalidArgument, "the request is larger than"},
 		{"reserved attribute after a good message", func() error {
 			_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("bad"), Messages: []*pb.PubsubMessage{
 				{Data: []byte("good"), OrderingKey: "k"}, {Data: []byte("x"), Attributes: map[string]string{"googx": "1"}}}})
