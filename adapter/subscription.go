@@ -584,22 +584,8 @@ func (s *Subscription) Update(ctx context.Context, u SubscriptionUpdate) (Subscr
 	}
 	cctx, cancel := s.c.withTimeout(ctx)
 	defer cancel()
-	kv, err := s.c.buckets(cctx)
-	if err != nil {
-		return SubscriptionConfig{}, err
-	}
-	for {
-		e, err := kv.Get(cctx, s.kvKey())
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return SubscriptionConfig{}, fmt.Errorf("%w: %s", ErrSubscriptionNotFound, s)
-		}
-		if err != nil {
-			return SubscriptionConfig{}, fmt.Errorf("update subscription %s: %w", s, err)
-		}
-		var rec subRecord
-		if err := json.Unmarshal(e.Value(), &rec); err != nil {
-			return SubscriptionConfig{}, fmt.Errorf("subscription %s: corrupt record: %w", s, err)
-		}
+	ackWaitChanged := false
+	rec, err := s.modify(cctx, "update", func(rec *subRecord) bool {
 		if u.DeadLetterPolicy != nil {
 			rec.DeadLetter = deadLetter
 		}
@@ -615,29 +601,61 @@ func (s *Subscription) Update(ctx context.Context, u SubscriptionUpdate) (Subscr
 		if u.ServiceSettings != nil {
 			rec.Service = u.ServiceSettings
 		}
-		ackWaitChanged := u.AckDeadline != 0 && u.AckDeadline.Milliseconds() != rec.AckDeadlineMS
+		ackWaitChanged = u.AckDeadline != 0 && u.AckDeadline.Milliseconds() != rec.AckDeadlineMS
 		if u.AckDeadline != 0 {
 			rec.AckDeadlineMS = u.AckDeadline.Milliseconds()
 		}
+		return true
+	})
+	if err != nil {
+		return SubscriptionConfig{}, err
+	}
+	if ackWaitChanged {
+		// Consumers created from now on read the record; those that exist
+		// get the new AckWait here.
+		if err := s.c.updateAckWait(cctx, rec); err != nil {
+			return SubscriptionConfig{}, fmt.Errorf("update subscription %s: ack deadline of its consumers: %w", s, err)
+		}
+	}
+	return s.Config(ctx)
+}
+
+// modify applies change to the subscription's record and stores it with a
+// compare-and-set, again on the newer record when another writer got there
+// first; change returns false when there is nothing to store. It returns
+// the record as stored.
+func (s *Subscription) modify(ctx context.Context, op string, change func(*subRecord) bool) (*subRecord, error) {
+	kv, err := s.c.buckets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		e, err := kv.Get(ctx, s.kvKey())
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("%w: %s", ErrSubscriptionNotFound, s)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s subscription %s: %w", op, s, err)
+		}
+		var rec subRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return nil, fmt.Errorf("subscription %s: corrupt record: %w", s, err)
+		}
+		if !change(&rec) {
+			return &rec, nil
+		}
 		data, err := json.Marshal(&rec)
 		if err != nil {
-			return SubscriptionConfig{}, err
+			return nil, err
 		}
-		_, err = kv.Update(cctx, s.kvKey(), data, e.Revision())
+		_, err = kv.Update(ctx, s.kvKey(), data, e.Revision())
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			continue // changed meanwhile: apply u to the newer record
+			continue // changed meanwhile: change the newer record
 		}
 		if err != nil {
-			return SubscriptionConfig{}, fmt.Errorf("update subscription %s: %w", s, err)
+			return nil, fmt.Errorf("%s subscription %s: %w", op, s, err)
 		}
-		if ackWaitChanged {
-			// Consumers created from now on read the record; those that
-			// exist get the new AckWait here.
-			if err := s.c.updateAckWait(cctx, &rec); err != nil {
-				return SubscriptionConfig{}, fmt.Errorf("update subscription %s: ack deadline of its consumers: %w", s, err)
-			}
-		}
-		return s.Config(ctx)
+		return &rec, nil
 	}
 }
 
@@ -691,44 +709,27 @@ func (c *Client) updateAckWait(ctx context.Context, rec *subRecord) error {
 func (s *Subscription) Detach(ctx context.Context) error {
 	ctx, cancel := s.c.withTimeout(ctx)
 	defer cancel()
+	rec, err := s.modify(ctx, "detach", func(rec *subRecord) bool {
+		if rec.Detached {
+			return false
+		}
+		rec.Detached = true
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	// Consumers go after the record says detached, so a receiver that
+	// loses its consumer finds the reason.
 	kv, err := s.c.buckets(ctx)
 	if err != nil {
 		return err
 	}
-	for {
-		e, err := kv.Get(ctx, s.kvKey())
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return fmt.Errorf("%w: %s", ErrSubscriptionNotFound, s)
-		}
-		if err != nil {
-			return fmt.Errorf("detach subscription %s: %w", s, err)
-		}
-		var rec subRecord
-		if err := json.Unmarshal(e.Value(), &rec); err != nil {
-			return fmt.Errorf("subscription %s: corrupt record: %w", s, err)
-		}
-		if !rec.Detached {
-			rec.Detached = true
-			data, err := json.Marshal(&rec)
-			if err != nil {
-				return err
-			}
-			_, err = kv.Update(ctx, s.kvKey(), data, e.Revision())
-			if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("detach subscription %s: %w", s, err)
-			}
-		}
-		// Consumers go after the record says detached, so a receiver that
-		// loses its consumer finds the reason.
-		_ = kv.Purge(ctx, s.floorKey())
-		if err := s.c.deleteConsumers(ctx, &rec); err != nil {
-			return fmt.Errorf("detach subscription %s: %w", s, err)
-		}
-		return nil
+	_ = kv.Purge(ctx, s.floorKey())
+	if err := s.c.deleteConsumers(ctx, rec); err != nil {
+		return fmt.Errorf("detach subscription %s: %w", s, err)
 	}
+	return nil
 }
 
 // firstSequenceSince returns the stream sequence of the topic's first

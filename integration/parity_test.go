@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/jetorder/jetorder/internal/sidecar"
@@ -49,14 +48,6 @@ func forBackends(t *testing.T, f func(t *testing.T, b backend)) {
 		t.Cleanup(func() { _ = srv.Close() })
 		f(t, backend{name: "pstest", client: goClientAt(t, srv.Addr), fake: true})
 	})
-}
-
-// wantParityCode fails unless err has code.
-func wantParityCode(t *testing.T, what string, err error, code codes.Code) {
-	t.Helper()
-	if status.Code(err) != code {
-		t.Fatalf("%s: %v, want %s", what, err, code)
-	}
 }
 
 // receiveAll receives from sub until n messages have been acked, and
@@ -190,13 +181,13 @@ func TestParitySettingsKept(t *testing.T) {
 			}
 		}
 		_, err = c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("short"), MessageRetentionDuration: durationpb.New(time.Second)})
-		wantParityCode(t, "topic retention of 1s", err, codes.InvalidArgument)
+		wantCode(t, "topic retention of 1s", err, codes.InvalidArgument)
 		_, err = c.SubscriptionAdminClient.CreateSubscription(ctx, &pb.Subscription{Name: subPath("short"), Topic: topicPath("top"),
 			MessageRetentionDuration: durationpb.New(time.Second)})
-		wantParityCode(t, "subscription retention of 1s", err, codes.InvalidArgument)
+		wantCode(t, "subscription retention of 1s", err, codes.InvalidArgument)
 		_, err = c.SubscriptionAdminClient.UpdateSubscription(ctx, &pb.UpdateSubscriptionRequest{
 			Subscription: &pb.Subscription{Name: subPath("missing"), AckDeadlineSeconds: 30}, UpdateMask: fieldMask("ack_deadline_seconds")})
-		wantParityCode(t, "update of a missing subscription", err, codes.NotFound)
+		wantCode(t, "update of a missing subscription", err, codes.NotFound)
 	})
 }
 
@@ -223,7 +214,7 @@ func TestParityUpdates(t *testing.T) {
 		}
 		_, err = c.TopicAdminClient.UpdateTopic(ctx, &pb.UpdateTopicRequest{
 			Topic: &pb.Topic{Name: topicPath("top"), MessageRetentionDuration: durationpb.New(time.Second)}, UpdateMask: fieldMask("message_retention_duration")})
-		wantParityCode(t, "topic retention of 1s", err, codes.InvalidArgument)
+		wantCode(t, "topic retention of 1s", err, codes.InvalidArgument)
 
 		mustCreateSub(t, c, &pb.Subscription{Name: subPath("sub"), Topic: topicPath("top"), EnableMessageOrdering: true})
 		in := &pb.Subscription{
@@ -269,9 +260,9 @@ func TestParityUpdates(t *testing.T) {
 		_, err = c.SubscriptionAdminClient.UpdateSubscription(ctx, &pb.UpdateSubscriptionRequest{
 			Subscription: &pb.Subscription{Name: subPath("sub"), AckDeadlineSeconds: 601}, UpdateMask: fieldMask("ack_deadline_seconds")})
 		if b.fake {
-			wantParityCode(t, "ack deadline 601", err, codes.Unknown) // pstest answers Unknown
+			wantCode(t, "ack deadline 601", err, codes.Unknown) // pstest answers Unknown
 		} else {
-			wantParityCode(t, "ack deadline 601", err, codes.InvalidArgument)
+			wantCode(t, "ack deadline 601", err, codes.InvalidArgument)
 		}
 		_, err = c.SubscriptionAdminClient.UpdateSubscription(ctx, &pb.UpdateSubscriptionRequest{
 			Subscription: &pb.Subscription{Name: subPath("sub"), Filter: `attributes:x`}, UpdateMask: fieldMask("filter")})
@@ -280,11 +271,11 @@ func TestParityUpdates(t *testing.T) {
 				t.Fatalf("pstest refused a filter update: %v", err)
 			}
 		} else { // the service: "After creating the subscription, you can't modify the filter."
-			wantParityCode(t, "filter update", err, codes.InvalidArgument)
+			wantCode(t, "filter update", err, codes.InvalidArgument)
 		}
 		_, err = c.SubscriptionAdminClient.UpdateSubscription(ctx, &pb.UpdateSubscriptionRequest{
 			Subscription: &pb.Subscription{Name: subPath("sub")}, UpdateMask: fieldMask("no_such_field")})
-		wantParityCode(t, "unknown field", err, codes.InvalidArgument)
+		wantCode(t, "unknown field", err, codes.InvalidArgument)
 	})
 }
 
@@ -327,7 +318,7 @@ func TestParityDetach(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err := c.TopicAdminClient.DetachSubscription(ctx, &pb.DetachSubscriptionRequest{Subscription: subPath("missing")})
-		wantParityCode(t, "detach a missing subscription", err, codes.NotFound)
+		wantCode(t, "detach a missing subscription", err, codes.NotFound)
 		if b.fake {
 			return // pstest drops the subscription from its topic and reports nothing more
 		}
@@ -336,7 +327,7 @@ func TestParityDetach(t *testing.T) {
 			t.Fatalf("after detach: %v, %v", gs, err)
 		}
 		_, err = c.SubscriptionAdminClient.Pull(ctx, &pb.PullRequest{Subscription: subPath("sub"), MaxMessages: 1})
-		wantParityCode(t, "pull of a detached subscription", err, codes.FailedPrecondition)
+		wantCode(t, "pull of a detached subscription", err, codes.FailedPrecondition)
 	})
 }
 
@@ -348,7 +339,7 @@ func TestParityFilter(t *testing.T) {
 		c := b.client
 		mustCreateTopic(t, c, "top")
 		_, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pb.Subscription{Name: subPath("bad"), Topic: topicPath("top"), Filter: `attributes.x = `})
-		wantParityCode(t, "a bad filter", err, codes.InvalidArgument)
+		wantCode(t, "a bad filter", err, codes.InvalidArgument)
 		const f = `attributes.kind = "order" AND NOT attributes:test`
 		mustCreateSub(t, c, &pb.Subscription{Name: subPath("sub"), Topic: topicPath("top"), EnableMessageOrdering: true, Filter: f})
 		gs, err := c.SubscriptionAdminClient.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: subPath("sub")})
