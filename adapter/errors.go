@@ -38,6 +38,21 @@ var (
 	ErrClosed = errors.New("client closed")
 )
 
+// Confirmed ack errors (Message.AckWithResult).
+var (
+	// ErrAckInvalid is returned by AckWithResult when the ack cannot take
+	// effect: the message was nacked or handed back first, its ack deadline
+	// passed after its handler returned (the server redelivers it), a newer
+	// delivery of it is held, or nobody at the server took the ack (its
+	// consumer is gone). The message is, or will be, delivered again.
+	ErrAckInvalid = errors.New("ack not valid: the message is delivered again")
+	// ErrAckTimeout is returned by AckWithResult when the server did not
+	// confirm the ack in time (it wraps the context's or the connection's
+	// error). The server may or may not have the ack; calling AckWithResult
+	// again sends it again.
+	ErrAckTimeout = errors.New("ack not confirmed in time")
+)
+
 // Publisher errors.
 var (
 	// ErrPublishingPaused is returned for messages of an ordering key whose

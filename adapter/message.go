@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"sort"
@@ -77,6 +78,31 @@ func (m *Message) Ack() {
 	}
 }
 
+// AckWithResult acks the message and waits until the server confirms that
+// it has the ack, or ctx ends (without a deadline, the client's API timeout
+// applies). It costs a round trip to the server, where Ack costs none.
+//
+// It returns nil once the server has the ack: the message is not delivered
+// to the subscription again. It returns an ErrAckInvalid error when the ack
+// cannot take effect, and the message is (or will be) delivered again: it
+// was nacked or handed back first, its deadline passed after its handler
+// returned without an ack, a newer delivery of it is held, or its consumer
+// is gone. It returns an ErrAckTimeout error when no confirmation came in
+// time: the server may or may not have the ack, and calling AckWithResult
+// again sends it again. With ordering, the next message of the key starts
+// only once the ack is confirmed (after a timeout, a partitioned
+// subscription keeps sending the ack until it is).
+//
+// It is safe for concurrent use; Ack, Nack and Release after it do nothing,
+// and after Ack it confirms that ack. For a message Receive did not deliver
+// it returns nil.
+func (m *Message) AckWithResult(ctx context.Context) error {
+	if m.d == nil {
+		return nil
+	}
+	return m.d.ackConfirmed(ctx)
+}
+
 // Nack hands the message back: it is redelivered, before any later message
 // of its ordering key, after the subscription's retry policy's backoff (at
 // once without one).
@@ -93,6 +119,17 @@ func (m *Message) Release() {
 	if m.d != nil {
 		m.d.finish(ackNak)
 	}
+}
+
+// Superseded is closed when the subscription was sought after this message
+// was delivered: a layer above that has not yet passed the message on
+// should hand it back (Release) instead. Nil for a message not delivered
+// by Receive.
+func (m *Message) Superseded() <-chan struct{} {
+	if m.d == nil {
+		return nil
+	}
+	return m.d.r.superseded
 }
 
 // PubSubAttributes returns the message's attributes as a Pub/Sub client

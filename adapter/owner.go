@@ -81,7 +81,7 @@ const (
 )
 
 func newOwner(r *receiver) *owner {
-	return &owner{r: r, c: r.c, rec: r.rec, floorKey: r.sub.floorKey()}
+	return &owner{r: r, c: r.c, rec: r.rec, floorKey: r.sub.floorKey(r.rec.Epoch)}
 }
 
 func (o *owner) warn(msg string, err error) {
@@ -100,7 +100,7 @@ func (o *owner) run(ctx context.Context) {
 	}
 	o.subsKV = subsKV
 	o.lease = &lease{kv: leases, key: o.r.sub.kvKey(), id: uuid.NewString(), ttl: ttl, timeout: o.c.cfg.apiTimeout}
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && !o.r.isSuperseded() {
 		cctx, cancel := context.WithTimeout(ctx, ttl/4)
 		ok, err := o.lease.acquire(cctx)
 		cancel()
@@ -111,7 +111,7 @@ func (o *owner) run(ctx context.Context) {
 			o.c.cfg.logger.Info("owns key discovery", "subscription", o.rec.ID, "owner", o.lease.id)
 			err := o.hold(ctx)
 			o.lease.release()
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || errors.Is(err, errEpochChanged) {
 				return
 			}
 			o.warn("gave up key discovery; will try again", err)
@@ -233,6 +233,8 @@ func (o *owner) own(ctx context.Context) error {
 		case <-time.After(wait):
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-o.r.superseded:
+			return errEpochChanged // the seek's settle takes the lease
 		}
 		if err := o.discover(ctx, batch); err != nil {
 			return err
@@ -272,7 +274,7 @@ func (o *owner) dropDiscovery(discovery jetstream.Consumer) {
 // what the last one left.
 func (o *owner) loadLive(ctx context.Context) error {
 	o.live = make(map[string]*liveKey)
-	prefix := keyrouter.KeyConsumerPrefix(o.rec.Project, o.rec.ID)
+	prefix := keyrouter.KeyConsumerPrefix(o.rec.Project, o.rec.nameID())
 	names := o.stream.ConsumerNames(ctx)
 	now := time.Now()
 	for name := range names.Name() {
@@ -310,7 +312,7 @@ func (o *owner) discover(ctx context.Context, batch []jetstream.Msg) error {
 			if !isKeyed {
 				continue
 			}
-			name = keyrouter.KeyConsumer(o.rec.Project, o.rec.ID, tok)
+			name = keyrouter.KeyConsumer(o.rec.Project, o.rec.nameID(), tok)
 			if len(o.names) >= maxNameCache {
 				clear(o.names)
 			}

@@ -94,8 +94,8 @@ func (r *subRecord) partitionIndexes() []int {
 // partitionConsumerConfig is partition i's pull consumer.
 func (r *subRecord) partitionConsumerConfig(pinTTL time.Duration, i int) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
-		Durable:        keyrouter.PartitionConsumer(r.Project, r.ID, i),
-		Description:    fmt.Sprintf("jetorder projects/%s/subscriptions/%s partition %d of %d", r.Project, r.ID, i, r.Partitions),
+		Durable:        keyrouter.PartitionConsumer(r.Project, r.nameID(), i),
+		Description:    fmt.Sprintf("%s partition %d of %d", r.consumerDescription(), i, r.Partitions),
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    r.StartSeq,
 		AckPolicy:      jetstream.AckExplicitPolicy,
@@ -171,7 +171,7 @@ func (r *receiver) startPartitions(ctx context.Context) ([]jetstream.ConsumeCont
 		}
 	}
 	for i := range r.rec.Partitions {
-		cons, err := stream.Consumer(ctx, keyrouter.PartitionConsumer(r.rec.Project, r.rec.ID, i))
+		cons, err := stream.Consumer(ctx, keyrouter.PartitionConsumer(r.rec.Project, r.rec.nameID(), i))
 		if err != nil {
 			stop()
 			return nil, fmt.Errorf("partition %d: %w", i, err)
@@ -250,9 +250,16 @@ func (p *partition) onErr(_ jetstream.ConsumeContext, err error) {
 			defer r.loops.Done()
 			ctx, cancel := r.c.withTimeout(context.Background())
 			defer cancel()
-			// Gone with its subscription or its topic, most likely: say so.
-			if _, lerr := r.sub.load(ctx); errors.Is(lerr, ErrSubscriptionNotFound) {
+			// Gone with its subscription or its topic, or a seek's settle
+			// removed it (the old epoch's), most likely: say so.
+			rec, lerr := r.sub.load(ctx)
+			if errors.Is(lerr, ErrSubscriptionNotFound) {
 				r.fail(lerr)
+				return
+			}
+			if lerr == nil && rec.Epoch != r.rec.Epoch && !rec.Settling {
+				r.supersede()
+				r.fail(errEpochChanged)
 				return
 			}
 			if terr := r.c.checkTopic(ctx, r.rec); errors.Is(terr, ErrTopicDeleted) {

@@ -75,7 +75,23 @@ type delivery struct {
 	arrived    time.Time
 	lastExtend time.Time // guarded by r.mu
 	once       sync.Once
+	// outcome is what the first of Ack, Nack, Release, AckWithResult (or
+	// Receive) decided; read it only after once.Do has returned.
+	outcome ackKind
+	// ackState follows an ack to the server's confirmation
+	// (AckWithResult); guarded by r.mu.
+	ackState ackState
 }
+
+// ackState is where a delivery's ack is on its way to the server.
+type ackState int
+
+const (
+	ackNotSent   ackState = iota // or sent by Ack, which does not say
+	ackSent                      // sent by AckWithResult, not confirmed
+	ackConfirmed                 // the server answered the ack: it has it
+	ackRefused                   // nobody took it, or it was not valid to send: the message comes back
+)
 
 // finish is the one place a delivery's outcome is decided: the first call
 // wins, later ones do nothing.
@@ -85,6 +101,13 @@ func (d *delivery) finish(kind ackKind) { d.finishWith(kind, ackPayload[kind]) }
 // delay).
 func (d *delivery) finishWith(kind ackKind, payload []byte) {
 	d.once.Do(func() {
+		if kind == ackNak && d.r.isSuperseded() {
+			// The subscription was sought: a message of the old epoch is
+			// not delivered again by it (the new epoch delivers it if the
+			// seek says so).
+			kind, payload = ackAck, ackPayload[ackAck]
+		}
+		d.outcome = kind
 		// A partitioned key's ack is confirmed before its next message
 		// starts; everything else is forgotten at once (for a nack, before
 		// it is sent: its redelivery may come at once, and must not be taken
@@ -108,6 +131,79 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 			d.r.c.cfg.logger.Warn("ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)
 		}
 	})
+}
+
+// ackConfirmed is finish(ackAck) that waits for the server to confirm the
+// ack (AckWithResult): the ack goes as a request on the message's reply
+// subject, which JetStream answers once it has applied the ack (a double
+// ack; in a cluster, once the consumer's replicas have it).
+//
+// Until the answer the delivery stays held, its deadline extended, so a
+// redelivery meanwhile is taken for a copy; the answer releases it, and a
+// partitioned key's next message starts only then. An ack that went
+// unanswered is, for a partitioned key, confirmed as Ack's are
+// (confirmAcks sends it until the server has it, and the key waits);
+// elsewhere the delivery stays held until its handler returns, and if the
+// ack was lost the message comes back after its deadline. A later call
+// sends the ack again: acking twice is harmless.
+func (d *delivery) ackConfirmed(ctx context.Context) error {
+	r := d.r
+	first := false
+	d.once.Do(func() {
+		first = true
+		d.outcome = ackAck
+		r.mu.Lock()
+		cur, held := r.held[d.key]
+		// A delivery its handler returned from without an ack may still be
+		// acked until the server's deadline for it passes; after that, or
+		// once a newer delivery of it is held, the server has redelivered
+		// it and the ack would take a message that is someone else's.
+		valid := cur == d || (!held && time.Since(d.lastExtend) < r.rec.ackDeadline())
+		d.ackState = ackSent
+		if !valid {
+			d.ackState = ackRefused
+		}
+		r.mu.Unlock()
+		if valid && d.part != nil {
+			r.markAckSent(d) // as in finishWith: a fence never counts it unacked after the server has it
+		}
+	})
+	if d.outcome != ackAck {
+		return fmt.Errorf("%w: it was handed back first", ErrAckInvalid)
+	}
+	r.mu.Lock()
+	state := d.ackState // ackNotSent here: an Ack went first, without confirmation
+	r.mu.Unlock()
+	switch state {
+	case ackConfirmed:
+		return nil
+	case ackRefused:
+		return fmt.Errorf("%w: its deadline passed or it was delivered again", ErrAckInvalid)
+	}
+	cctx, cancel := r.c.withTimeout(ctx)
+	defer cancel()
+	_, err := r.c.nc.RequestWithContext(cctx, d.reply, ackPayload[ackAck])
+	switch {
+	case err == nil:
+		r.mu.Lock()
+		d.ackState = ackConfirmed
+		r.mu.Unlock()
+		r.release(d, true)
+		return nil
+	case errors.Is(err, nats.ErrNoResponders):
+		// Nobody received it, so the server does not have it: the
+		// message is unacked there, as after a nack.
+		r.mu.Lock()
+		d.ackState = ackRefused
+		r.mu.Unlock()
+		r.release(d, false)
+		return fmt.Errorf("%w: nobody took the ack (its consumer is gone): %w", ErrAckInvalid, err)
+	}
+	if first && d.part != nil {
+		d.acked = ackAck
+		r.confirmLater(d)
+	}
+	return fmt.Errorf("%w: %w", ErrAckTimeout, err)
 }
 
 // nakPayload is a nack of a message after attempt deliveries: with the
@@ -158,6 +254,11 @@ type receiver struct {
 	workers sync.WaitGroup // handlers
 	loops   sync.WaitGroup // background goroutines
 
+	// superseded is closed when the subscription was sought: this run's
+	// messages are the old epoch's, and none starts in a handler again.
+	superseded    chan struct{}
+	supersedeOnce sync.Once
+
 	mu       sync.Mutex
 	queue    []*delivery
 	held     map[heldKey]*delivery
@@ -194,44 +295,72 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 	if settings.MaxExtension <= 0 {
 		settings.MaxExtension = DefaultReceiveSettings.MaxExtension
 	}
-	lctx, lcancel := s.c.withTimeout(ctx)
-	rec, err := s.load(lctx)
-	if err == nil && rec.Detached {
-		err = fmt.Errorf("%w: %s", ErrDetached, s)
-	}
-	if err == nil {
-		err = s.c.checkTopic(lctx, rec)
-	}
-	lcancel()
-	if err != nil {
-		return err
-	}
+	for {
+		rec, err := s.receivable(ctx)
+		if err != nil || rec == nil {
+			return err // rec is nil when ctx ended first
+		}
+		hctx, hcancel := context.WithCancel(ctx)
+		r := &receiver{
+			c:        s.c,
+			sub:      s,
+			rec:      rec,
+			handler:  f,
+			settings: settings,
+			hctx:     hctx,
+			slots:    make(chan struct{}, settings.MaxOutstandingMessages),
+			wake:     make(chan struct{}, 1),
+			stopped:  make(chan struct{}),
 
-	hctx, hcancel := context.WithCancel(ctx)
-	defer hcancel()
-	r := &receiver{
-		c:        s.c,
-		sub:      s,
-		rec:      rec,
-		handler:  f,
-		settings: settings,
-		hctx:     hctx,
-		slots:    make(chan struct{}, settings.MaxOutstandingMessages),
-		wake:     make(chan struct{}, 1),
-		stopped:  make(chan struct{}),
-
-		confirmWake: make(chan struct{}, 1),
-		held:        make(map[heldKey]*delivery),
-		fatalSet:    make(chan struct{}),
+			confirmWake: make(chan struct{}, 1),
+			held:        make(map[heldKey]*delivery),
+			fatalSet:    make(chan struct{}),
+			superseded:  make(chan struct{}),
+		}
+		r.deadLetter.Store(rec.DeadLetter)
+		r.retry.Store(rec.Retry)
+		if rec.Filter != "" {
+			if r.filter, err = filter.Parse(rec.Filter); err != nil {
+				hcancel()
+				return fmt.Errorf("receive %s: stored %w", s, err) // Create checked it
+			}
+		}
+		err = r.run(ctx, hcancel)
+		hcancel()
+		if !errors.Is(err, errEpochChanged) {
+			return err
+		}
+		// Sought: every message of the old epoch is settled; receive from
+		// the new one.
 	}
-	r.deadLetter.Store(rec.DeadLetter)
-	r.retry.Store(rec.Retry)
-	if rec.Filter != "" {
-		if r.filter, err = filter.Parse(rec.Filter); err != nil {
-			return fmt.Errorf("receive %s: stored %w", s, err) // Create checked it
+}
+
+// receivable loads the subscription's record for a Receive: it fails when
+// the subscription cannot be received from, and waits while a seek settles
+// (the new epoch's consumers do not exist yet).
+func (s *Subscription) receivable(ctx context.Context) (*subRecord, error) {
+	for {
+		lctx, lcancel := s.c.withTimeout(ctx)
+		rec, err := s.load(lctx)
+		if err == nil && rec.Detached {
+			err = fmt.Errorf("%w: %s", ErrDetached, s)
+		}
+		if err == nil {
+			err = s.c.checkTopic(lctx, rec)
+		}
+		if err == nil && rec.Settling {
+			err = s.settle(lctx)
+		}
+		lcancel()
+		if err != nil || !rec.Settling {
+			return rec, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(250 * time.Millisecond):
 		}
 	}
-	return r.run(ctx, hcancel)
 }
 
 // checkTopic returns ErrTopicDeleted if the subscription's topic is gone or
@@ -255,7 +384,7 @@ func (c *Client) checkTopic(ctx context.Context, rec *subRecord) error {
 }
 
 func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) error {
-	sub, err := r.c.nc.QueueSubscribe(keyrouter.DeliverSubject(r.rec.Project, r.rec.ID), deliverGroup, r.onMsg)
+	sub, err := r.c.nc.QueueSubscribe(keyrouter.DeliverSubject(r.rec.Project, r.rec.nameID()), deliverGroup, r.onMsg)
 	if err != nil {
 		return fmt.Errorf("receive %s: %w", r.sub, err)
 	}
@@ -380,6 +509,23 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 		cancel()
 	}
 	return r.fatal
+}
+
+// supersede marks this run's messages as the old epoch's.
+func (r *receiver) supersede() {
+	r.supersedeOnce.Do(func() {
+		r.c.cfg.logger.Info("subscription sought: settling the old epoch's messages", "subscription", r.sub.id)
+		close(r.superseded)
+	})
+}
+
+func (r *receiver) isSuperseded() bool {
+	select {
+	case <-r.superseded:
+		return true
+	default:
+		return false
+	}
 }
 
 // fail ends Receive with err (the first error wins).
@@ -646,6 +792,10 @@ func (r *receiver) handle(d *delivery) {
 			r.fail(fmt.Errorf("%w: %v (message %s, ordering key %q)", ErrHandlerPanic, p, d.msg.ID, d.msg.OrderingKey))
 		}
 	}()
+	if r.isSuperseded() {
+		d.finish(ackAck) // the old epoch's: the seek decides its fate
+		return
+	}
 	if r.filter != nil && !r.filter.Match(d.msg.PubSubAttributes()) {
 		d.finish(ackAck) // filtered out: acked unseen, so its key moves on
 		return
@@ -779,6 +929,14 @@ func (r *receiver) supervise(ctx context.Context) {
 		if err == nil && rec.Detached {
 			err = fmt.Errorf("%w: %s", ErrDetached, r.sub)
 		}
+		if err == nil && rec.Epoch != r.rec.Epoch {
+			r.supersede()
+			if rec.Settling {
+				err = r.sub.settle(cctx)
+			} else {
+				err = errEpochChanged
+			}
+		}
 		if err == nil {
 			r.deadLetter.Store(rec.DeadLetter)
 			r.retry.Store(rec.Retry)
@@ -790,7 +948,7 @@ func (r *receiver) supervise(ctx context.Context) {
 			r.checkAwaiting(cctx)
 		}
 		cancel()
-		if errors.Is(err, ErrSubscriptionNotFound) || errors.Is(err, ErrTopicDeleted) || errors.Is(err, ErrClosed) || errors.Is(err, ErrDetached) {
+		if errors.Is(err, ErrSubscriptionNotFound) || errors.Is(err, ErrTopicDeleted) || errors.Is(err, ErrClosed) || errors.Is(err, ErrDetached) || errors.Is(err, errEpochChanged) {
 			r.fail(err)
 			return
 		}

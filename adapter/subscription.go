@@ -90,6 +90,12 @@ type SubscriptionConfig struct {
 	// (the sidecar keeps the Pub/Sub settings the library does not act
 	// on); the adapter stores and returns them, at most 64 KiB.
 	ServiceSettings []byte
+	// ExactlyOnce records that the subscription's acks are to be confirmed
+	// by the server before their sender is told they succeeded (Pub/Sub's
+	// exactly-once delivery): a receiver acks with Message.AckWithResult.
+	// Receive itself does not act on it; the sidecar does. It can be
+	// changed by Update.
+	ExactlyOnce bool
 }
 
 // RetryPolicy is the backoff before a nacked or expired message is
@@ -238,6 +244,8 @@ type SubscriptionUpdate struct {
 	RetryPolicy    *RetryPolicy
 	// ServiceSettings, when not nil, replace the layer-above settings.
 	ServiceSettings []byte
+	// ExactlyOnce, when not nil, replaces the exactly-once setting.
+	ExactlyOnce *bool
 }
 
 const (
@@ -276,6 +284,16 @@ type subRecord struct {
 	Filter     string             `json:"filter,omitempty"`
 	Detached   bool               `json:"detached,omitempty"`
 	Service    []byte             `json:"service,omitempty"`
+	// ExactlyOnce is SubscriptionConfig.ExactlyOnce.
+	ExactlyOnce bool `json:"exactly_once,omitempty"`
+
+	// Seeks (seek.go). Epoch counts them: the consumers of epoch e > 0 are
+	// named after ID+"/e" (nameID). Settling is set from a seek until every
+	// message the old epoch's consumers delivered is settled and the new
+	// epoch's consumers, starting at SeekSeq, exist.
+	Epoch    uint64 `json:"epoch,omitempty"`
+	Settling bool   `json:"settling,omitempty"`
+	SeekSeq  uint64 `json:"seek_seq,omitempty"`
 }
 
 type deadLetterRecord struct {
@@ -332,8 +350,8 @@ func (r *subRecord) deliveryMode() DeliveryMode {
 func (r *subRecord) consumerConfig(name, filter string, start uint64, maxAckPending int) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:        name,
-		Description:    "jetorder projects/" + r.Project + "/subscriptions/" + r.ID,
-		DeliverSubject: keyrouter.DeliverSubject(r.Project, r.ID),
+		Description:    r.consumerDescription(),
+		DeliverSubject: keyrouter.DeliverSubject(r.Project, r.nameID()),
 		DeliverGroup:   deliverGroup,
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    start,
@@ -345,13 +363,30 @@ func (r *subRecord) consumerConfig(name, filter string, start uint64, maxAckPend
 	}
 }
 
+// consumerDescription is the description of every consumer of the
+// subscription (partition consumers add to it): consumerInfos finds them
+// by it, whatever their epoch.
+func (r *subRecord) consumerDescription() string {
+	return "jetorder projects/" + r.Project + "/subscriptions/" + r.ID
+}
+
+// nameID is what the consumer names and deliver subject of the record's
+// epoch derive from: the id, and "/epoch" after a seek ("/" is not allowed
+// in ids, so no other subscription's names can be the same).
+func (r *subRecord) nameID() string {
+	if r.Epoch == 0 {
+		return r.ID
+	}
+	return r.ID + "/" + strconv.FormatUint(r.Epoch, 10)
+}
+
 // sharedConsumer is the consumer of unkeyed messages (ordering) or of every
 // message (no ordering).
 func (r *subRecord) sharedConsumer() (name, filter string) {
 	if r.Ordering {
-		return keyrouter.UnkeyedConsumer(r.Project, r.ID), keyrouter.UnkeyedSubject(r.TopicProject, r.Topic)
+		return keyrouter.UnkeyedConsumer(r.Project, r.nameID()), keyrouter.UnkeyedSubject(r.TopicProject, r.Topic)
 	}
-	return keyrouter.AllConsumer(r.Project, r.ID), keyrouter.TopicSubjects(r.TopicProject, r.Topic)
+	return keyrouter.AllConsumer(r.Project, r.nameID()), keyrouter.TopicSubjects(r.TopicProject, r.Topic)
 }
 
 // Subscription is a handle on a subscription. Getting one does no I/O.
@@ -376,7 +411,13 @@ func (s *Subscription) String() string {
 }
 
 func (s *Subscription) kvKey() string    { return keyrouter.KVKey(s.c.project, s.id) }
-func (s *Subscription) floorKey() string { return s.kvKey() + ".floor" }
+// floorKey is where key discovery of the epoch's consumers keeps its floor.
+func (s *Subscription) floorKey(epoch uint64) string {
+	if epoch == 0 {
+		return s.kvKey() + ".floor"
+	}
+	return s.kvKey() + ".floor.e" + strconv.FormatUint(epoch, 10)
+}
 
 // CreateSubscription creates a subscription that receives every message
 // published to cfg.Topic from now on. It returns ErrSubscriptionExists,
@@ -441,6 +482,7 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 		Retry:           retry,
 		Filter:          cfg.Filter,
 		Service:         cfg.ServiceSettings,
+		ExactlyOnce:     cfg.ExactlyOnce,
 	}
 	if !cfg.StartTime.IsZero() {
 		rec.StartTime = cfg.StartTime.UTC()
@@ -488,7 +530,7 @@ func (s *Subscription) createConsumers(ctx context.Context, kv jetstream.KeyValu
 	}
 	if rec.Ordering {
 		// Key discovery starts right before the subscription's first message.
-		if _, err := kv.Put(ctx, s.floorKey(), []byte(strconv.FormatUint(rec.StartSeq-1, 10))); err != nil {
+		if _, err := kv.Put(ctx, s.floorKey(rec.Epoch), []byte(strconv.FormatUint(rec.StartSeq-1, 10))); err != nil {
 			return err
 		}
 	}
@@ -558,6 +600,7 @@ func (s *Subscription) Config(ctx context.Context) (SubscriptionConfig, error) {
 		Filter:                rec.Filter,
 		Detached:              rec.Detached,
 		ServiceSettings:       rec.Service,
+		ExactlyOnce:           rec.ExactlyOnce,
 	}, nil
 }
 
@@ -600,6 +643,9 @@ func (s *Subscription) Update(ctx context.Context, u SubscriptionUpdate) (Subscr
 		}
 		if u.ServiceSettings != nil {
 			rec.Service = u.ServiceSettings
+		}
+		if u.ExactlyOnce != nil {
+			rec.ExactlyOnce = *u.ExactlyOnce
 		}
 		ackWaitChanged = u.AckDeadline != 0 && u.AckDeadline.Milliseconds() != rec.AckDeadlineMS
 		if u.AckDeadline != 0 {
@@ -669,25 +715,12 @@ func (c *Client) updateAckWait(ctx context.Context, rec *subRecord) error {
 	if err != nil {
 		return err
 	}
-	names, err := c.consumerNames(ctx, stream, rec)
+	infos, err := c.consumerInfos(ctx, stream, rec)
 	if err != nil {
 		return err
 	}
-	mine := make(map[string]bool, len(names))
-	for _, n := range names {
-		mine[n] = true
-	}
-	var cfgs []jetstream.ConsumerConfig
-	list := stream.ListConsumers(ctx)
-	for info := range list.Info() {
-		if mine[info.Name] {
-			cfgs = append(cfgs, info.Config)
-		}
-	}
-	if err := list.Err(); err != nil {
-		return err
-	}
-	return forEachParallel(ctx, cfgs, 16, func(ctx context.Context, cfg jetstream.ConsumerConfig) error {
+	return forEachParallel(ctx, infos, 16, func(ctx context.Context, info *jetstream.ConsumerInfo) error {
+		cfg := info.Config
 		cfg.AckWait = rec.ackDeadline()
 		var err error
 		if cfg.DeliverSubject != "" {
@@ -725,7 +758,7 @@ func (s *Subscription) Detach(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_ = kv.Purge(ctx, s.floorKey())
+	s.purgeFloors(ctx, kv, nil)
 	if err := s.c.deleteConsumers(ctx, rec); err != nil {
 		return fmt.Errorf("detach subscription %s: %w", s, err)
 	}
@@ -814,7 +847,7 @@ func (s *Subscription) Delete(ctx context.Context) error {
 	if err := kv.Delete(ctx, s.kvKey()); err != nil {
 		return fmt.Errorf("delete subscription %s: %w", s, err)
 	}
-	_ = kv.Purge(ctx, s.floorKey())
+	s.purgeFloors(ctx, kv, nil)
 	if err := s.c.deleteConsumers(ctx, rec); err != nil {
 		return fmt.Errorf("delete subscription %s: %w", s, err)
 	}
@@ -885,17 +918,26 @@ func (c *Client) deleteConsumers(ctx context.Context, rec *subRecord) error {
 	})
 }
 
-// consumerNames lists the consumers of the subscription on its stream.
+// consumerNames lists the consumers of the subscription on its stream, of
+// every epoch: they are the consumers whose description names it.
 func (c *Client) consumerNames(ctx context.Context, stream jetstream.Stream, rec *subRecord) ([]string, error) {
-	shared, _ := rec.sharedConsumer()
-	keyPrefix := keyrouter.KeyConsumerPrefix(rec.Project, rec.ID)
-	partPrefix := keyrouter.PartitionConsumerPrefix(rec.Project, rec.ID)
-	names := stream.ConsumerNames(ctx)
-	var mine []string
-	for name := range names.Name() {
-		if name == shared || strings.HasPrefix(name, keyPrefix) || strings.HasPrefix(name, partPrefix) {
-			mine = append(mine, name)
+	infos, err := c.consumerInfos(ctx, stream, rec)
+	names := make([]string, len(infos))
+	for i, info := range infos {
+		names[i] = info.Name
+	}
+	return names, err
+}
+
+func (c *Client) consumerInfos(ctx context.Context, stream jetstream.Stream, rec *subRecord) ([]*jetstream.ConsumerInfo, error) {
+	desc := rec.consumerDescription()
+	list := stream.ListConsumers(ctx)
+	var mine []*jetstream.ConsumerInfo
+	for info := range list.Info() {
+		d := info.Config.Description
+		if d == desc || strings.HasPrefix(d, desc+" ") {
+			mine = append(mine, info)
 		}
 	}
-	return mine, names.Err()
+	return mine, list.Err()
 }

@@ -4,7 +4,8 @@
 //
 // Binary mode (the default) puts each attribute and extension in a
 // ce-<name> header, percent-encoded as the binding says, datacontenttype in
-// content-type, and the data as the payload. Structured mode puts the JSON
+// content-type (as it is: a media type needs no escaping), and the data as
+// the payload. Structured mode puts the JSON
 // event in the payload with content-type application/cloudevents+json.
 // Decoding also accepts what sdk-go's own NATS JetStream bindings write:
 // ce- headers that are not percent-encoded, and structured JSON without a
@@ -109,7 +110,7 @@ func Encode(e event.Event, mode Mode) (*adapter.Message, error) {
 		set("time", types.FormatTime(t))
 	}
 	if v := e.DataContentType(); v != "" {
-		h[headerContentType] = []string{percentEncode(v)}
+		h[headerContentType] = []string{encodeContentType(v)}
 	}
 	for name, v := range e.Extensions() {
 		s, err := types.Format(v)
@@ -159,14 +160,18 @@ func decode(h nats.Header, data []byte) (*event.Event, error) {
 		lower := strings.ToLower(name)
 		switch {
 		case lower == headerContentType && len(vals) > 0:
-			contentType = vals[0]
+			ct, err := decodeContentType(vals[0])
+			if err != nil {
+				return nil, invalid("content-type: %v", err)
+			}
+			contentType = ct
 		case lower == headerPrefix+"specversion":
 			binary = true
 		}
 	}
-	switch {
-	case strings.HasPrefix(contentType, "application/cloudevents"):
-		if !strings.HasPrefix(contentType, StructuredContentType) {
+	switch mt := mediaType(contentType); {
+	case strings.HasPrefix(mt, "application/cloudevents"):
+		if mt != StructuredContentType {
 			return nil, invalid("content-type %q: only the JSON event format is supported", contentType)
 		}
 		return decodeStructured(data)
@@ -244,11 +249,7 @@ func decodeBinary(h nats.Header, contentType string, data []byte) (*event.Event,
 		}
 	}
 	if contentType != "" {
-		ct, err := percentDecode(contentType)
-		if err != nil {
-			return nil, invalid("content-type: %v", err)
-		}
-		e.SetDataContentType(ct)
+		e.SetDataContentType(contentType)
 	}
 	if len(data) > 0 {
 		e.DataEncoded = data

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/testutil"
 )
 
 // fullEvent has every attribute, an extension of every CloudEvents type,
@@ -304,5 +305,99 @@ func TestPercentEncoding(t *testing.T) {
 	}
 	if got, err := percentDecode("ünescaped is kept"); err != nil || got != "ünescaped is kept" {
 		t.Errorf("unescaped UTF-8: %q, %v", got, err)
+	}
+}
+
+// content-type carries a media type verbatim, as HTTP does and as sdk-go's
+// NATS bindings read it (they decode nothing); only what is not a plain
+// media type is percent-encoded, and every form reads back exactly, the
+// same through Decode and through PubSubAttributes.
+func TestContentTypeHeader(t *testing.T) {
+	for _, tt := range []struct {
+		name, contentType, header string
+	}{
+		{"parameters", "text/plain; charset=utf-8", "text/plain; charset=utf-8"},
+		{"quoted parameter", `text/plain; charset="utf-8"`, `text/plain; charset="utf-8"`},
+		{"a percent sign", "application/x; name=100%41", "application/x;%20name=100%2541"},
+		{"not ASCII", `text/plain; title="é"`, "text/plain;%20title=%22%C3%A9%22"},
+	} {
+		e := minimalEvent()
+		if err := e.SetData(tt.contentType, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		m, err := Encode(e, Binary)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if got := m.Header.Get(headerContentType); got != tt.header {
+			t.Errorf("%s: content-type header %q, want %q", tt.name, got, tt.header)
+		}
+		m.Header = testutil.NATSWire(t, m.Header)
+		got, err := Decode(m)
+		if err != nil || got.DataContentType() != tt.contentType {
+			t.Errorf("%s: decoded content type %q (%v), want %q", tt.name, got.DataContentType(), err, tt.contentType)
+		}
+		if attr := m.PubSubAttributes()[headerContentType]; attr != tt.contentType {
+			t.Errorf("%s: content-type attribute %q, want %q", tt.name, attr, tt.contentType)
+		}
+	}
+
+	if got := encodeContentType(" text/plain\t"); got != "%20text/plain%09" {
+		t.Errorf("space around a content type, which a header loses: %q", got)
+	}
+
+	// What others wrote: earlier versions escaped every space; sdk-go
+	// writes any value as it is, so one that does not decode is taken as
+	// it is.
+	good, err := Encode(minimalEvent(), Binary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for header, want := range map[string]string{
+		"text/plain;%20charset=utf-8": "text/plain; charset=utf-8",
+		"text/plain; name=50%":        "text/plain; name=50%",
+		"text/plain; name=%FF":        "text/plain; name=%FF",
+	} {
+		m := &adapter.Message{Header: nats.Header{}, Data: []byte("x")}
+		for k, v := range good.Header {
+			m.Header[k] = v
+		}
+		m.Header.Set(headerContentType, header)
+		got, err := Decode(m)
+		if err != nil || got.DataContentType() != want {
+			t.Errorf("content-type %q: decoded %q (%v), want %q", header, got.DataContentType(), err, want)
+		}
+		if attr := m.PubSubAttributes()[headerContentType]; attr != want {
+			t.Errorf("content-type %q: attribute %q, want %q", header, attr, want)
+		}
+	}
+	m := &adapter.Message{Header: nats.Header{}}
+	for k, v := range good.Header {
+		m.Header[k] = v
+	}
+	m.Header.Set(headerContentType, "text/plain; name=\xff")
+	if _, err := Decode(m); !errors.Is(err, ErrInvalidEvent) || !strings.Contains(err.Error(), "content-type") {
+		t.Errorf("content-type not UTF-8: %v, want an ErrInvalidEvent naming content-type", err)
+	}
+}
+
+// Media types are case-insensitive: a structured message is one whatever
+// the case of its content type.
+func TestStructuredContentTypeInAnyCase(t *testing.T) {
+	want := minimalEvent()
+	data, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ct := range []string{"Application/CloudEvents+JSON", "application/cloudevents+json ; charset=UTF-8"} {
+		got, err := Decode(&adapter.Message{Data: data, Header: nats.Header{headerContentType: {ct}}})
+		if err != nil || got.ID() != want.ID() {
+			t.Errorf("content-type %q: %v, %v", ct, got, err)
+		}
+	}
+	for _, ct := range []string{"application/cloudevents+jsonx", "APPLICATION/CLOUDEVENTS-BATCH+JSON"} {
+		if _, err := Decode(&adapter.Message{Data: data, Header: nats.Header{headerContentType: {ct}}}); !errors.Is(err, ErrInvalidEvent) || !strings.Contains(err.Error(), "format") {
+			t.Errorf("content-type %q: %v, want an ErrInvalidEvent naming the format", ct, err)
+		}
 	}
 }

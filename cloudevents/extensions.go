@@ -2,6 +2,7 @@ package cloudevents
 
 import (
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -121,6 +122,44 @@ func percentEncode(s string) string {
 }
 
 func mustEscape(c byte) bool { return c <= ' ' || c == '"' || c == '%' || c >= 0x7f }
+
+// encodeContentType writes datacontenttype as the content-type header. A
+// media type (RFC 2046) is printable ASCII and goes as it is: content-type
+// is no ce- header, and readers take it verbatim, as the HTTP binding does
+// and as sdk-go's NATS bindings do (they percent-decode nothing), so an
+// escaped space would reach them as "text/plain;%20charset=utf-8". A value
+// that is not a plain media type (one holding a '%', a byte outside
+// printable ASCII, or leading or trailing space, which a header loses) is
+// percent-encoded, so that decodeContentType reads it back exactly.
+func encodeContentType(v string) string {
+	if v == strings.TrimSpace(v) && !strings.ContainsFunc(v, func(r rune) bool { return r < ' ' || r == '%' || r >= 0x7f }) {
+		return v
+	}
+	return percentEncode(v)
+}
+
+// decodeContentType reads a content-type header: percent-decoded, since
+// encodeContentType escapes what is not a plain media type (and earlier
+// versions escaped every space), or, when it does not decode, as it is:
+// another writer's verbatim value. adapter.Message.PubSubAttributes reads
+// it the same way, so Pub/Sub clients and Decode see one content type. A
+// value that is not UTF-8 either way is an error.
+func decodeContentType(v string) (string, error) {
+	if d, err := percentDecode(v); err == nil {
+		return d, nil
+	}
+	if !utf8.ValidString(v) {
+		return "", fmt.Errorf("%q is not UTF-8", v)
+	}
+	return v, nil
+}
+
+// mediaType is a content type without its parameters, in lower case:
+// media types are case-insensitive.
+func mediaType(contentType string) string {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.ToLower(strings.TrimSpace(mt))
+}
 
 // percentDecode undoes percentEncode (keyrouter.DecodeKey decodes the same
 // %XX escapes). Bytes that need no escape pass as they are, so values

@@ -11,19 +11,26 @@ import (
 // FromPubSub rewrites a message published through the Pub/Sub API in the
 // CloudEvents Google Pub/Sub protocol binding into the NATS binding this
 // package reads and writes, so every binding sees one event:
-//   - binary mode (a ce-specversion attribute): each ce-* attribute, and
-//     content-type, becomes a percent-encoded ce-* (content-type) header;
+//   - binary mode (a ce-specversion attribute): each ce-* attribute becomes
+//     a percent-encoded ce-* header, and content-type the content-type
+//     header, as Encode writes them;
 //   - structured mode (a content-type attribute of
-//     application/cloudevents+json): content-type becomes a header, as
-//     Encode writes it.
+//     application/cloudevents+json): content-type becomes a header, as it
+//     is.
+//
+// The content-type attribute is matched in any case, as the binding's
+// reference to the HTTP header suggests: sdk-go's Pub/Sub binding writes
+// Content-Type. An attribute that is not spelt content-type stays an
+// attribute, so that Pub/Sub clients get back what they sent; the header
+// is written beside it, unless a content-type attribute is there too.
 //
 // Other messages are left as they are. Delivery turns the headers back
 // into plain attributes (adapter.Message.PubSubAttributes). m's maps are
 // not written; changed ones are replaced.
 func FromPubSub(m *adapter.Message) {
 	_, binary := m.Attributes[headerPrefix+"specversion"]
-	ct, hasCT := m.Attributes[headerContentType]
-	structured := hasCT && strings.HasPrefix(ct, "application/cloudevents")
+	ct, hasCT := contentTypeAttribute(m.Attributes)
+	structured := hasCT && strings.HasPrefix(mediaType(ct), "application/cloudevents")
 	if !binary && !structured {
 		return
 	}
@@ -32,13 +39,18 @@ func FromPubSub(m *adapter.Message) {
 	for name, vals := range m.Header {
 		h[name] = vals
 	}
+	if hasCT {
+		if binary {
+			ct = encodeContentType(ct)
+		} // else as it is: delivery decodes content-type beside a ce-specversion only
+		h[headerContentType] = []string{ct}
+	}
 	for k, v := range m.Attributes {
 		switch {
-		case binary && (strings.HasPrefix(k, headerPrefix) || k == headerContentType):
+		case k == headerContentType: // now the header
+		case binary && strings.HasPrefix(k, headerPrefix):
 			h[k] = []string{percentEncode(v)}
-		case k == headerContentType: // structured: as Encode writes it
-			h[k] = []string{v}
-		default:
+		default: // a Content-Type in another case stays too
 			attrs[k] = v
 		}
 	}
@@ -46,4 +58,23 @@ func FromPubSub(m *adapter.Message) {
 		attrs = nil
 	}
 	m.Attributes, m.Header = attrs, h
+}
+
+// contentTypeAttribute is the content-type attribute: the one spelt so, or
+// else one spelt in another case (the one first in byte order, should
+// there be several).
+func contentTypeAttribute(attrs map[string]string) (string, bool) {
+	if v, ok := attrs[headerContentType]; ok {
+		return v, true
+	}
+	name := ""
+	for k := range attrs {
+		if strings.EqualFold(k, headerContentType) && (name == "" || k < name) {
+			name = k
+		}
+	}
+	if name == "" {
+		return "", false
+	}
+	return attrs[name], true
 }

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"regexp"
@@ -8,7 +9,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"cloud.google.com/go/pubsub/v2"
 	vkit "cloud.google.com/go/pubsub/v2/apiv1"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
@@ -19,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/jetorder/jetorder/internal/sidecar"
 )
@@ -513,5 +517,468 @@ func TestSchemaSidecarRules(t *testing.T) {
 	}
 	if _, err := c.CommitSchema(ctx, &pb.CommitSchemaRequest{Name: name, Schema: &pb.Schema{Type: pb.Schema_AVRO, Definition: schemaAvroPlus}}); err != nil {
 		t.Fatalf("CommitSchema after a delete: %v", err)
+	}
+}
+
+// Topics with schema settings, through Google's Go client. pstest keeps
+// whatever schema settings it is given and validates nothing on publish;
+// where the sidecar answers as the service does and pstest does not, each
+// side is asserted (docs/SIDECAR.md lists the differences).
+
+// schemaTopicEnv is a backend's clients for the topic tests.
+type schemaTopicEnv struct {
+	sidecar bool
+	schemas *vkit.SchemaClient
+	c       *pubsub.Client
+}
+
+func startSchemaTopicEnv(t *testing.T, b schemaBackend) schemaTopicEnv {
+	t.Helper()
+	addr := b.start(t)
+	sc, _ := schemaClients(t, addr)
+	return schemaTopicEnv{sidecar: b.sidecar, schemas: sc, c: goClientAt(t, addr)}
+}
+
+func (e schemaTopicEnv) getTopic(t *testing.T, id string) *pb.Topic {
+	t.Helper()
+	got, err := e.c.TopicAdminClient.GetTopic(context.Background(), &pb.GetTopicRequest{Topic: topicPath(id)})
+	if err != nil {
+		t.Fatalf("GetTopic(%s): %v", id, err)
+	}
+	return got
+}
+
+// wantSchemaSettings fails unless topic id has settings want (nil: none).
+func (e schemaTopicEnv) wantSchemaSettings(t *testing.T, id string, want *pb.SchemaSettings) {
+	t.Helper()
+	if got := e.getTopic(t, id).GetSchemaSettings(); !proto.Equal(got, want) {
+		t.Fatalf("schema settings of %s = %v, want %v", id, got, want)
+	}
+}
+
+// publishBatch publishes data as one request, every message with key.
+func (e schemaTopicEnv) publishBatch(topic, key string, data ...[]byte) error {
+	req := &pb.PublishRequest{Topic: topicPath(topic)}
+	for _, d := range data {
+		req.Messages = append(req.Messages, &pb.PubsubMessage{Data: d, OrderingKey: key})
+	}
+	_, err := e.c.TopicAdminClient.Publish(context.Background(), req)
+	return err
+}
+
+func (e schemaTopicEnv) updateTopic(topic *pb.Topic, paths ...string) (*pb.Topic, error) {
+	return e.c.TopicAdminClient.UpdateTopic(context.Background(), &pb.UpdateTopicRequest{Topic: topic, UpdateMask: fieldMask(paths...)})
+}
+
+// pullUntil pulls from sub, acking what it gets, until a message for which
+// last is true arrives, and returns every message in the order received.
+func (e schemaTopicEnv) pullUntil(t *testing.T, sub string, last func(*pb.PubsubMessage) bool) []*pb.PubsubMessage {
+	t.Helper()
+	var got []*pb.PubsubMessage
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := e.c.SubscriptionAdminClient.Pull(ctx, &pb.PullRequest{Subscription: subPath(sub), MaxMessages: 100})
+		cancel()
+		if err != nil && status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("Pull(%s): %v", sub, err)
+		}
+		var ackIDs []string
+		for _, rm := range resp.GetReceivedMessages() {
+			got = append(got, rm.GetMessage())
+			ackIDs = append(ackIDs, rm.GetAckId())
+		}
+		if len(ackIDs) > 0 {
+			if err := e.c.SubscriptionAdminClient.Acknowledge(context.Background(),
+				&pb.AcknowledgeRequest{Subscription: subPath(sub), AckIds: ackIDs}); err != nil {
+				t.Fatalf("Acknowledge: %v", err)
+			}
+		}
+		if slices.ContainsFunc(got, last) {
+			return got
+		}
+	}
+	t.Fatalf("%s: the last message not received within 30s; got %q", sub, dataOf(got))
+	return nil
+}
+
+func isMarker(m *pb.PubsubMessage) bool { return m.GetAttributes()["marker"] != "" }
+
+func dataOf(msgs []*pb.PubsubMessage) []string {
+	var out []string
+	for _, m := range msgs {
+		out = append(out, string(m.GetData()))
+	}
+	return out
+}
+
+// avroStateBinary is Alaska in the binary encoding of schemaAvro.
+func avroStateBinary(t *testing.T) []byte {
+	t.Helper()
+	codec, err := goavro.NewCodec(schemaAvro)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := codec.BinaryFromNative(nil, map[string]any{"name": "Alaska", "post_abbr": "AK"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A topic with Avro or Protocol Buffer schema settings, in JSON or binary:
+// valid messages are stored, with the schema attributes the service sets;
+// a request with one invalid message fails whole, INVALID_ARGUMENT, and
+// stores nothing (a subscription receives nothing of it).
+func TestSchemaTopicPublish(t *testing.T) {
+	avroBinary := avroStateBinary(t)
+	cases := []struct {
+		id      string
+		typ     pb.Schema_Type
+		def     string
+		enc     pb.Encoding
+		valid   []byte
+		invalid []byte
+	}{
+		{"avro-json", pb.Schema_AVRO, schemaAvro, pb.Encoding_JSON,
+			[]byte(`{"name":"Alaska","post_abbr":"AK"}`), []byte(`{"name":"Alaska","post_abbr":7}`)},
+		{"avro-binary", pb.Schema_AVRO, schemaAvro, pb.Encoding_BINARY, avroBinary, append(slices.Clone(avroBinary), 0)},
+		{"proto-json", pb.Schema_PROTOCOL_BUFFER, schemaProto, pb.Encoding_JSON,
+			[]byte(`{"name":"Alaska","postAbbr":"AK"}`), []byte(`{"capital":"Juneau"}`)},
+		{"proto-binary", pb.Schema_PROTOCOL_BUFFER, schemaProto, pb.Encoding_BINARY,
+			[]byte(schemaProtoBinary), []byte(schemaProtoBinary[:5])}, // cut inside the name
+	}
+	for _, b := range schemaBackends {
+		t.Run(b.name, func(t *testing.T) {
+			e := startSchemaTopicEnv(t, b)
+			ctx := context.Background()
+			for _, tt := range cases {
+				t.Run(tt.id, func(t *testing.T) {
+					sch := mustCreateSchema(t, e.schemas, tt.id, tt.typ, tt.def)
+					settings := &pb.SchemaSettings{Schema: sch.Name, Encoding: tt.enc}
+					created, err := e.c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath(tt.id), SchemaSettings: settings})
+					if err != nil || !proto.Equal(created.GetSchemaSettings(), settings) {
+						t.Fatalf("CreateTopic = %v, %v", created, err)
+					}
+					e.wantSchemaSettings(t, tt.id, settings)
+					mustCreateSub(t, e.c, &pb.Subscription{Name: subPath(tt.id), Topic: topicPath(tt.id), EnableMessageOrdering: true})
+
+					// Every message has key k: the subscription receives them in the order stored.
+					pub := e.c.Publisher(tt.id)
+					pub.EnableMessageOrdering = true
+					defer pub.Stop()
+					if _, err := pub.Publish(ctx, &pubsub.Message{Data: tt.valid, OrderingKey: "k"}).Get(ctx); err != nil {
+						t.Fatalf("Publish(valid): %v", err)
+					}
+					// One request with one bad message in the middle, and a bad one alone.
+					err = e.publishBatch(tt.id, "k", tt.valid, tt.invalid, tt.valid)
+					_, alone := pub.Publish(ctx, &pubsub.Message{Data: tt.invalid, OrderingKey: "k"}).Get(ctx)
+					if b.sidecar {
+						wantCode(t, "Publish(a request with an invalid message)", err, codes.InvalidArgument)
+						msg := status.Convert(err).Message()
+						if !strings.HasPrefix(msg, "Invalid data in message: Message failed schema validation.") ||
+							!strings.Contains(msg, "messages[1]") || !strings.Contains(msg, sch.Name) {
+							t.Fatalf("Publish(a request with an invalid message) = %q, want the service's words, the message at fault and why", msg)
+						}
+						wantCode(t, "Publisher.Publish(invalid)", alone, codes.InvalidArgument)
+					} else if err != nil || alone != nil { // pstest validates nothing
+						t.Fatalf("pstest Publish(invalid) = %v, %v", err, alone)
+					}
+					if err := e.publishBatch(tt.id, "k", tt.valid); err != nil {
+						t.Fatalf("Publish(valid again): %v", err)
+					}
+					// The marker, last, is a valid message too.
+					if _, err := e.c.TopicAdminClient.Publish(ctx, &pb.PublishRequest{Topic: topicPath(tt.id), Messages: []*pb.PubsubMessage{
+						{Data: tt.valid, OrderingKey: "k", Attributes: map[string]string{"marker": "1"}},
+					}}); err != nil {
+						t.Fatalf("Publish(marker): %v", err)
+					}
+					got := e.pullUntil(t, tt.id, isMarker)
+					if !b.sidecar {
+						// pstest stored everything: 1 + 3 + 1 + 1, and the marker.
+						if len(got) != 7 {
+							t.Fatalf("pstest received %d messages: %q", len(got), dataOf(got))
+						}
+						return
+					}
+					if len(got) != 3 {
+						t.Fatalf("received %d messages (%q), want the 3 valid ones alone", len(got), dataOf(got))
+					}
+					for i, m := range got {
+						if !bytes.Equal(m.GetData(), tt.valid) {
+							t.Fatalf("message %d = %q: a message of a refused request was stored", i, m.GetData())
+						}
+						attrs := m.GetAttributes()
+						if attrs["googclient_schemaname"] != sch.Name || attrs["googclient_schemaencoding"] != tt.enc.String() ||
+							attrs["googclient_schemarevisionid"] != sch.RevisionId {
+							t.Fatalf("message %d attributes = %v, want the schema's", i, attrs)
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// A revision range: a message is accepted if any revision from first to
+// last accepts it, and carries the id of the newest that does. The range
+// changes by UpdateTopic of its fields, as the service's samples do; a
+// range that names a missing revision, or runs backwards, is refused and
+// changes nothing.
+func TestSchemaTopicRevisions(t *testing.T) {
+	withPop := strings.Replace(schemaProto, "}", "  int64 population = 3;\n}", 1)
+	const (
+		plain = `{"name":"Alaska","postAbbr":"AK"}`
+		pop   = `{"name":"Alaska","population":"733391"}` // from r2 on
+	)
+	for _, b := range schemaBackends {
+		t.Run(b.name, func(t *testing.T) {
+			e := startSchemaTopicEnv(t, b)
+			ctx := context.Background()
+			r1 := mustCreateSchema(t, e.schemas, "states", pb.Schema_PROTOCOL_BUFFER, schemaProto)
+			r2, err := e.schemas.CommitSchema(ctx, &pb.CommitSchemaRequest{Name: r1.Name,
+				Schema: &pb.Schema{Type: pb.Schema_PROTOCOL_BUFFER, Definition: withPop}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			onlyR1 := &pb.SchemaSettings{Schema: r1.Name, Encoding: pb.Encoding_JSON, FirstRevisionId: r1.RevisionId, LastRevisionId: r1.RevisionId}
+			if _, err := e.c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("states"), SchemaSettings: onlyR1}); err != nil {
+				t.Fatal(err)
+			}
+			e.wantSchemaSettings(t, "states", onlyR1)
+			mustCreateSub(t, e.c, &pb.Subscription{Name: subPath("states"), Topic: topicPath("states"), EnableMessageOrdering: true})
+
+			err = e.publishBatch("states", "k", []byte(pop))
+			if b.sidecar {
+				wantCode(t, "Publish(pop, r1 only)", err, codes.InvalidArgument)
+			} else if err != nil {
+				t.Fatalf("pstest Publish(pop): %v", err)
+			}
+			if err := e.publishBatch("states", "k", []byte(plain)); err != nil {
+				t.Fatalf("Publish(plain, r1 only): %v", err)
+			}
+
+			// Up to r2, by the field alone.
+			upToR2 := proto.CloneOf(onlyR1)
+			upToR2.LastRevisionId = r2.RevisionId
+			got, err := e.updateTopic(&pb.Topic{Name: topicPath("states"), SchemaSettings: &pb.SchemaSettings{LastRevisionId: r2.RevisionId}},
+				"schema_settings.last_revision_id")
+			if err != nil || !proto.Equal(got.GetSchemaSettings(), upToR2) {
+				t.Fatalf("UpdateTopic(last_revision_id) = %v, %v", got, err)
+			}
+			e.wantSchemaSettings(t, "states", upToR2)
+			if err := e.publishBatch("states", "k", []byte(pop)); err != nil {
+				t.Fatalf("Publish(pop, r1 to r2): %v", err)
+			}
+			if _, err := e.c.TopicAdminClient.Publish(ctx, &pb.PublishRequest{Topic: topicPath("states"), Messages: []*pb.PubsubMessage{
+				{Data: []byte(plain), OrderingKey: "k", Attributes: map[string]string{"marker": "1"}},
+			}}); err != nil {
+				t.Fatalf("Publish(marker): %v", err)
+			}
+			msgs := e.pullUntil(t, "states", isMarker)
+			if b.sidecar {
+				// plain against r1 only; then pop and plain, r2 the newest that takes them.
+				wantData := []string{plain, pop, plain}
+				wantRevs := []string{r1.RevisionId, r2.RevisionId, r2.RevisionId}
+				var revs []string
+				for _, m := range msgs {
+					revs = append(revs, m.GetAttributes()["googclient_schemarevisionid"])
+				}
+				if !slices.Equal(dataOf(msgs), wantData) || !slices.Equal(revs, wantRevs) {
+					t.Fatalf("received %q with revisions %q, want %q with %q", dataOf(msgs), revs, wantData, wantRevs)
+				}
+			} else if len(msgs) != 4 {
+				t.Fatalf("pstest received %q", dataOf(msgs))
+			}
+
+			// Backwards, and missing revisions. pstest stores whatever it is
+			// given, so only the sidecar is asked.
+			if !b.sidecar {
+				return
+			}
+			bad := []struct {
+				what     string
+				settings *pb.SchemaSettings
+				paths    []string
+				want     codes.Code
+			}{
+				{"backwards", &pb.SchemaSettings{FirstRevisionId: r2.RevisionId, LastRevisionId: r1.RevisionId},
+					[]string{"schema_settings.first_revision_id", "schema_settings.last_revision_id"}, codes.InvalidArgument},
+				{"missing first", &pb.SchemaSettings{FirstRevisionId: "0000beef"}, []string{"schema_settings.first_revision_id"}, codes.NotFound},
+				{"missing last", &pb.SchemaSettings{Schema: r1.Name, Encoding: pb.Encoding_JSON, LastRevisionId: "0000beef"},
+					[]string{"schema_settings"}, codes.NotFound},
+			}
+			for _, tt := range bad {
+				_, err := e.updateTopic(&pb.Topic{Name: topicPath("states"), SchemaSettings: tt.settings}, tt.paths...)
+				wantCode(t, "UpdateTopic("+tt.what+")", err, tt.want)
+				e.wantSchemaSettings(t, "states", upToR2)
+				full := proto.CloneOf(upToR2)
+				proto.Merge(full, tt.settings)
+				_, err = e.c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("bad"), SchemaSettings: full})
+				wantCode(t, "CreateTopic("+tt.what+")", err, tt.want)
+				_, err = e.c.TopicAdminClient.GetTopic(ctx, &pb.GetTopicRequest{Topic: topicPath("bad")})
+				wantCode(t, "GetTopic of the topic refused", err, codes.NotFound)
+			}
+		})
+	}
+}
+
+// Schema settings set, changed field by field and removed by UpdateTopic
+// take effect for the next Publish; bad settings are refused and change
+// nothing. Ingestion settings stay refused.
+func TestSchemaTopicUpdate(t *testing.T) {
+	avroBinary := avroStateBinary(t)
+	const avroJSON = `{"name":"Alaska","post_abbr":"AK"}`
+	for _, b := range schemaBackends {
+		t.Run(b.name, func(t *testing.T) {
+			e := startSchemaTopicEnv(t, b)
+			ctx := context.Background()
+			sch := mustCreateSchema(t, e.schemas, "states", pb.Schema_AVRO, schemaAvro)
+			mustCreateTopic(t, e.c, "states")
+			e.wantSchemaSettings(t, "states", nil)
+			// Without schema anything goes; the sidecar now caches that.
+			if err := e.publishBatch("states", "", []byte("anything")); err != nil {
+				t.Fatalf("Publish without schema: %v", err)
+			}
+
+			jsonSettings := &pb.SchemaSettings{Schema: sch.Name, Encoding: pb.Encoding_JSON}
+			got, err := e.updateTopic(&pb.Topic{Name: topicPath("states"), SchemaSettings: jsonSettings}, "schema_settings")
+			if err != nil || !proto.Equal(got.GetSchemaSettings(), jsonSettings) {
+				t.Fatalf("UpdateTopic(schema_settings) = %v, %v", got, err)
+			}
+			e.wantSchemaSettings(t, "states", jsonSettings)
+			err = e.publishBatch("states", "", []byte("anything"))
+			if b.sidecar {
+				wantCode(t, "Publish(not Avro JSON) right after the update", err, codes.InvalidArgument)
+			} else if err != nil {
+				t.Fatalf("pstest Publish: %v", err)
+			}
+			if err := e.publishBatch("states", "", []byte(avroJSON)); err != nil {
+				t.Fatalf("Publish(Avro JSON): %v", err)
+			}
+
+			// One field: the encoding.
+			binarySettings := &pb.SchemaSettings{Schema: sch.Name, Encoding: pb.Encoding_BINARY}
+			if got, err := e.updateTopic(&pb.Topic{Name: topicPath("states"), SchemaSettings: &pb.SchemaSettings{Encoding: pb.Encoding_BINARY}},
+				"schema_settings.encoding"); err != nil || !proto.Equal(got.GetSchemaSettings(), binarySettings) {
+				t.Fatalf("UpdateTopic(schema_settings.encoding) = %v, %v", got, err)
+			}
+			if err := e.publishBatch("states", "", avroBinary); err != nil {
+				t.Fatalf("Publish(Avro binary): %v", err)
+			}
+			err = e.publishBatch("states", "", []byte(avroJSON))
+			if b.sidecar {
+				wantCode(t, "Publish(Avro JSON) to a binary topic", err, codes.InvalidArgument)
+			} else if err != nil {
+				t.Fatalf("pstest Publish: %v", err)
+			}
+
+			// Bad settings: refused, the topic keeps its settings. pstest
+			// stores whatever it is given, so only the sidecar is asked.
+			if b.sidecar {
+				bad := []struct {
+					what     string
+					settings *pb.SchemaSettings
+					paths    []string
+					want     codes.Code
+				}{
+					{"missing schema", &pb.SchemaSettings{Schema: schemaPath("nope"), Encoding: pb.Encoding_JSON}, []string{"schema_settings"}, codes.NotFound},
+					{"no encoding", &pb.SchemaSettings{Schema: sch.Name}, []string{"schema_settings"}, codes.InvalidArgument},
+					{"no schema", &pb.SchemaSettings{}, []string{"schema_settings.schema"}, codes.InvalidArgument},
+					{"bad schema name", &pb.SchemaSettings{Schema: "states"}, []string{"schema_settings.schema"}, codes.InvalidArgument},
+					{"deleted-schema marker", &pb.SchemaSettings{Schema: "_deleted-schema_", Encoding: pb.Encoding_JSON},
+						[]string{"schema_settings"}, codes.InvalidArgument},
+					{"unknown field", &pb.SchemaSettings{}, []string{"schema_settings.nope"}, codes.InvalidArgument},
+					{"ingestion", nil, []string{"ingestion_data_source_settings"}, codes.InvalidArgument},
+				}
+				for _, tt := range bad {
+					_, err := e.updateTopic(&pb.Topic{Name: topicPath("states"), SchemaSettings: tt.settings}, tt.paths...)
+					wantCode(t, "UpdateTopic("+tt.what+")", err, tt.want)
+					e.wantSchemaSettings(t, "states", binarySettings)
+				}
+				if err := e.publishBatch("states", "", avroBinary); err != nil {
+					t.Fatalf("Publish(Avro binary) after refused updates: %v", err)
+				}
+				_, err := e.c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("ingest"),
+					IngestionDataSourceSettings: &pb.IngestionDataSourceSettings{}})
+				wantCode(t, "CreateTopic(ingestion)", err, codes.InvalidArgument)
+			}
+
+			// Removed: anything goes again, at once.
+			got, err = e.updateTopic(&pb.Topic{Name: topicPath("states")}, "schema_settings")
+			if err != nil || got.GetSchemaSettings() != nil {
+				t.Fatalf("UpdateTopic(remove schema_settings) = %v, %v", got, err)
+			}
+			e.wantSchemaSettings(t, "states", nil)
+			if err := e.publishBatch("states", "", []byte("anything")); err != nil {
+				t.Fatalf("Publish after the settings were removed: %v", err)
+			}
+		})
+	}
+}
+
+// Once its schema is deleted, a topic shows schema "_deleted-schema_"
+// (also after a schema of the same name is created again), and Publish
+// refuses every message, until the topic is given a schema again.
+func TestSchemaTopicDeletedSchema(t *testing.T) {
+	const valid = `{"name":"Alaska","post_abbr":"AK"}`
+	for _, b := range schemaBackends {
+		t.Run(b.name, func(t *testing.T) {
+			e := startSchemaTopicEnv(t, b)
+			ctx := context.Background()
+			sch := mustCreateSchema(t, e.schemas, "doomed", pb.Schema_AVRO, schemaAvro)
+			settings := &pb.SchemaSettings{Schema: sch.Name, Encoding: pb.Encoding_JSON}
+			if _, err := e.c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("states"), SchemaSettings: settings}); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.publishBatch("states", "", []byte(valid)); err != nil {
+				t.Fatalf("Publish: %v", err)
+			}
+			if err := e.schemas.DeleteSchema(ctx, &pb.DeleteSchemaRequest{Name: sch.Name}); err != nil {
+				t.Fatal(err)
+			}
+
+			// The service shows _deleted-schema_ and refuses messages;
+			// pstest keeps the name and takes them.
+			deleted := &pb.SchemaSettings{Schema: "_deleted-schema_", Encoding: pb.Encoding_JSON}
+			want := map[bool]*pb.SchemaSettings{true: deleted, false: settings}[b.sidecar]
+			e.wantSchemaSettings(t, "states", want)
+			it := e.c.TopicAdminClient.ListTopics(ctx, &pb.ListTopicsRequest{Project: "projects/" + project})
+			listed, err := it.Next()
+			if err != nil || listed.Name != topicPath("states") || !proto.Equal(listed.SchemaSettings, want) {
+				t.Fatalf("ListTopics = %v, %v", listed, err)
+			}
+			err = e.publishBatch("states", "", []byte(valid))
+			if b.sidecar {
+				wantCode(t, "Publish to a topic whose schema was deleted", err, codes.NotFound)
+			} else if err != nil {
+				t.Fatalf("pstest Publish: %v", err)
+			}
+			if !b.sidecar {
+				return
+			}
+
+			// A schema created again under the name is another schema.
+			again := mustCreateSchema(t, e.schemas, "doomed", pb.Schema_AVRO, schemaAvro)
+			e.wantSchemaSettings(t, "states", deleted)
+			wantCode(t, "Publish after the schema was created again", e.publishBatch("states", "", []byte(valid)), codes.NotFound)
+			// Changing a field keeps naming the deleted schema: refused.
+			_, err = e.updateTopic(&pb.Topic{Name: topicPath("states"), SchemaSettings: &pb.SchemaSettings{Encoding: pb.Encoding_BINARY}},
+				"schema_settings.encoding")
+			wantCode(t, "UpdateTopic(encoding) of settings naming a deleted schema", err, codes.InvalidArgument)
+			e.wantSchemaSettings(t, "states", deleted)
+
+			// Given the new schema, the topic takes messages again.
+			if _, err := e.updateTopic(&pb.Topic{Name: topicPath("states"), SchemaSettings: &pb.SchemaSettings{Schema: again.Name}},
+				"schema_settings.schema"); err != nil {
+				t.Fatalf("UpdateTopic(schema_settings.schema): %v", err)
+			}
+			e.wantSchemaSettings(t, "states", settings)
+			if err := e.publishBatch("states", "", []byte(valid)); err != nil {
+				t.Fatalf("Publish with the schema set again: %v", err)
+			}
+			_, err = e.c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("marker"), SchemaSettings: deleted})
+			wantCode(t, "CreateTopic(_deleted-schema_)", err, codes.InvalidArgument)
+		})
 	}
 }

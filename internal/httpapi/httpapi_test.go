@@ -334,6 +334,30 @@ func TestCloudEvents(t *testing.T) {
 	}
 }
 
+// The data's content type is stored in the content-type header as sent, in
+// both modes: NATS readers of the binding (sdk-go's) take it verbatim, so
+// an escaped space would reach them as "%20".
+func TestCloudEventContentTypeStoredAsSent(t *testing.T) {
+	e := newEnv(t, httpapi.Config{DefaultProject: project})
+	msgs := e.subscribe(t, "types")
+	url := e.srv.URL + "/v1/topics/types/events"
+	const contentType = `text/plain; charset="utf-8"`
+	postEvent(t, url, http.Header{"Ce-Specversion": {"1.0"}, "Ce-Id": {"binary"}, "Ce-Source": {"/s"}, "Ce-Type": {"t"},
+		"Content-Type": {contentType}}, "text")
+	postEvent(t, url, http.Header{"Content-Type": {"application/cloudevents+json"}},
+		`{"specversion": "1.0", "id": "structured", "source": "/s", "type": "t", "datacontenttype": "text/plain; charset=\"utf-8\"", "data": "text"}`)
+	for range 2 {
+		m := next(t, msgs)
+		if got := m.Header.Get("content-type"); got != contentType {
+			t.Errorf("%s: stored content-type %q, want %q", m.ID, got, contentType)
+		}
+		ev, err := cloudevents.Decode(m)
+		if err != nil || ev.DataContentType() != contentType || string(ev.Data()) != "text" {
+			t.Errorf("%s: decoded %v, %v", m.ID, ev, err)
+		}
+	}
+}
+
 func TestBadRequests(t *testing.T) {
 	e := newEnv(t, httpapi.Config{DefaultProject: project})
 	const target = "bad-target"

@@ -77,8 +77,28 @@ type lease struct {
 	flow     *flow       // the stream's flow control; nil for Pull
 	timer    *time.Timer // guarded by d.mu
 	gone     bool        // guarded by d.mu: the handler has handed the message back
-	result   chan outcome
+	// Exactly-once delivery (ackConfirmed): acking counts the acks of the
+	// lease under way, and expired says its deadline passed meanwhile; the
+	// lease ends then only if none of them is confirmed. Both guarded by
+	// d.mu.
+	acking  int
+	expired bool
+	result  chan outcome
 }
+
+// ackResult is what became of one ack id of an ack or a deadline change;
+// exactly-once delivery reports it to the client (pull.go).
+type ackResult int
+
+const (
+	ackOK        ackResult = iota
+	ackInvalid             // no lease has it here: it ended (acked, nacked, expired) or was never here
+	ackTransient           // JetStream did not confirm the ack in time: the client may try again
+)
+
+// ackConfirmTimeout bounds the wait for JetStream's confirmation of one
+// exactly-once ack; past it the client is told to try again.
+const ackConfirmTimeout = 5 * time.Second
 
 var leaseIDs atomic.Uint64
 
@@ -252,7 +272,10 @@ func (d *dispatcher) endErr() error {
 
 // handle is the Receive handler: it offers the message to the clients and
 // waits for the lease to end. The adapter starts the next message of the
-// key only after this returns with an ack.
+// key only after this returns with an ack. On an exactly-once
+// subscription the client's ack has been confirmed by then
+// (ackConfirmed: the adapter's AckWithResult), and the m.Ack here does
+// nothing.
 func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 	l := &lease{d: d, msg: m, size: messageSize(m), expireBy: time.Now().Add(maxHeldExtension - time.Minute), result: make(chan outcome, 1)}
 	d.holdKey(m.OrderingKey, 1)
@@ -260,6 +283,11 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 	select {
 	case d.ready <- l:
 	case <-ctx.Done():
+		m.Release()
+		return
+	case <-m.Superseded():
+		// Sought before any client took it: the adapter acks it, and the
+		// new epoch delivers it again if the seek says so.
 		m.Release()
 		return
 	}
@@ -361,7 +389,7 @@ func (d *dispatcher) lease(l *lease, f *flow, deadline time.Duration) *pb.Receiv
 	}
 	l.id, l.flow = id, f
 	d.leases[id] = l
-	l.timer = time.AfterFunc(deadline, func() { d.settle(id, outExpired) })
+	l.timer = time.AfterFunc(deadline, func() { d.expire(id) })
 	d.mu.Unlock()
 
 	mt := d.s.b.Metrics
@@ -381,19 +409,110 @@ func (d *dispatcher) lease(l *lease, f *flow, deadline time.Duration) *pb.Receiv
 	return rm
 }
 
+// Settling a lease. A lease ends once, with one outcome, which its handler
+// carries out (handle). How:
+//   - settle ends it at once: an ack without exactly-once (the fast path:
+//     the adapter's Ack, no waiting), a nack, a message that never reached
+//     its client, and a deadline that passed (expire);
+//   - ackConfirmed, on an exactly-once subscription, acks it through the
+//     adapter's AckWithResult first and ends it once JetStream has
+//     confirmed the ack. Meanwhile the lease stays, so a retried ack finds
+//     it, and its deadline does not end it: an ack that came in time is not
+//     overtaken by the deadline unless it fails.
+// The id of a lease that has ended is unknown from then on: with
+// exactly-once an ack or deadline change of it is reported invalid, as the
+// service does; without, it is ignored.
+
 // settle ends the lease id with o; it reports false for a lease that has
 // ended already (or never existed here).
 func (d *dispatcher) settle(id uint64, o outcome) bool {
 	d.mu.Lock()
+	l := d.takeLocked(id)
+	d.mu.Unlock()
+	if l == nil {
+		return false
+	}
+	d.ended(l, o)
+	return true
+}
+
+// expire is the lease's timer: it ends lease id with outExpired, unless an
+// ack of it is being confirmed (ackConfirmed ends it then if need be).
+func (d *dispatcher) expire(id uint64) {
+	d.mu.Lock()
+	l := d.leases[id]
+	if l != nil && l.acking > 0 {
+		l.expired = true
+		l = nil
+	} else {
+		l = d.takeLocked(id)
+	}
+	d.mu.Unlock()
+	if l != nil {
+		d.ended(l, outExpired)
+	}
+}
+
+// ackConfirmed acks lease id on an exactly-once subscription: ackOK only
+// once JetStream has confirmed the ack, which it then never redelivers;
+// ackInvalid when no lease has the id, or the ack cannot take effect (the
+// adapter's ErrAckInvalid: the message comes back); ackTransient when no
+// confirmation came in time (the lease stays for a retry, unless its
+// deadline passed meanwhile). It waits for the confirmation, up to
+// ackConfirmTimeout or the end of ctx.
+func (d *dispatcher) ackConfirmed(ctx context.Context, id uint64) ackResult {
+	d.mu.Lock()
 	l := d.leases[id]
 	if l == nil {
 		d.mu.Unlock()
-		return false
+		return ackInvalid
+	}
+	l.acking++
+	d.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, ackConfirmTimeout)
+	err := l.msg.AckWithResult(cctx)
+	cancel()
+	res, o := ackOK, outAck
+	switch {
+	case err == nil:
+	case errors.Is(err, adapter.ErrAckInvalid):
+		res, o = ackInvalid, outNack // unacked at the server: it comes back
+	default:
+		res, o = ackTransient, outExpired
+		d.s.log.Debug("exactly-once ack not confirmed; the client may retry", "subscription", d.name, "err", err)
+	}
+	d.mu.Lock()
+	l.acking--
+	var ended *lease
+	if d.leases[id] == l && (res != ackTransient || (l.expired && l.acking == 0)) {
+		ended = d.takeLocked(id)
+	}
+	d.mu.Unlock()
+	if ended != nil {
+		d.ended(ended, o)
+	}
+	// An ack JetStream confirmed succeeded even if the lease ended
+	// meanwhile (a nack or the end of Receive after the ack went): the
+	// message is not delivered again.
+	return res
+}
+
+// takeLocked removes lease id from the books and returns it, or nil when
+// it has ended already. d.mu is held.
+func (d *dispatcher) takeLocked(id uint64) *lease {
+	l := d.leases[id]
+	if l == nil {
+		return nil
 	}
 	delete(d.leases, id)
 	l.timer.Stop()
 	d.checkIdle()
-	d.mu.Unlock()
+	return l
+}
+
+// ended completes the end of lease l, taken from the books, with outcome
+// o: flow control, metrics, and the outcome to its handler.
+func (d *dispatcher) ended(l *lease, o outcome) {
 	if l.flow != nil {
 		l.flow.release(l.size)
 	}
@@ -408,17 +527,20 @@ func (d *dispatcher) settle(id uint64, o outcome) bool {
 		mt.Expired.Inc()
 	}
 	l.result <- o // buffered, and a lease is settled once
-	return true
 }
 
 // extend moves the deadline of lease id to now+deadline, but not past the
-// lease's expireBy.
-func (d *dispatcher) extend(id uint64, deadline time.Duration) {
+// lease's expireBy; it reports false for a lease that has ended.
+func (d *dispatcher) extend(id uint64, deadline time.Duration) bool {
 	d.mu.Lock()
-	if l := d.leases[id]; l != nil {
-		l.timer.Reset(min(deadline, time.Until(l.expireBy)))
+	defer d.mu.Unlock()
+	l := d.leases[id]
+	if l == nil {
+		return false
 	}
-	d.mu.Unlock()
+	l.timer.Reset(min(deadline, time.Until(l.expireBy)))
+	l.expired = false // a deadline moved while an ack is being confirmed has not passed
+	return true
 }
 
 // drop forgets a lease whose message its handler hands back itself. It

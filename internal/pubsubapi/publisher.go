@@ -2,9 +2,16 @@ package pubsubapi
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
 	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/emptypb"
 
@@ -18,9 +25,10 @@ const (
 	maxPublishRequestMessages = 1000
 )
 
-// CreateTopic creates a topic with its labels and
+// CreateTopic creates a topic with its labels,
 // message_retention_duration (10 minutes to 31 days, as the service; without
-// it, messages are kept until the topic is deleted).
+// it, messages are kept until the topic is deleted) and schema_settings
+// (checked by SchemaServer.CheckSettings; Publish validates against them).
 func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error) {
 	project, id, err := parseTopic(t.GetName())
 	if err != nil {
@@ -35,18 +43,26 @@ func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error
 	if err := checkLabels(t.GetLabels()); err != nil {
 		return nil, err
 	}
-	if t.GetSchemaSettings() != nil || t.GetIngestionDataSourceSettings() != nil || len(t.GetMessageTransforms()) > 0 {
-		return nil, invalid("topic %s: schemas, ingestion and message transforms are not supported", t.GetName())
+	if t.GetIngestionDataSourceSettings() != nil || len(t.GetMessageTransforms()) > 0 {
+		return nil, invalid("topic %s: ingestion and message transforms are not supported", t.GetName())
 	}
 	c, err := s.client(project)
 	if err != nil {
+		return nil, err
+	}
+	ts, err := s.cfg.Schemas.CheckSettings(ctx, t.GetSchemaSettings())
+	if err != nil {
+		return nil, err
+	}
+	if cfg.ServiceSettings, err = withTopicSchema("", ts); err != nil {
 		return nil, err
 	}
 	created, err := c.CreateTopicWithConfig(ctx, id, cfg)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return topicProto(created, *cfg), nil
+	s.topicSchemas.set(created.String(), ts)
+	return s.topicProto(ctx, created, *cfg)
 }
 
 // The service's bounds on a topic's message retention.
@@ -62,17 +78,30 @@ func topicRetention(d *durationpb.Duration) (time.Duration, error) {
 	return d.AsDuration(), nil
 }
 
-func topicProto(t *adapter.Topic, cfg adapter.TopicConfig) *pb.Topic {
+// topicProto is a topic as the API shows it; its schema settings name
+// "_deleted-schema_" once their schema is deleted.
+func (s *Server) topicProto(ctx context.Context, t *adapter.Topic, cfg adapter.TopicConfig) (*pb.Topic, error) {
 	out := &pb.Topic{Name: t.String(), State: pb.Topic_ACTIVE, Labels: cfg.Labels}
 	if cfg.RetentionDuration > 0 {
 		out.MessageRetentionDuration = durationpb.New(cfg.RetentionDuration)
 	}
-	return out
+	ts, err := topicSchemaOf(t.String(), cfg.ServiceSettings)
+	if err != nil {
+		return nil, err
+	}
+	if out.SchemaSettings, err = s.cfg.Schemas.SettingsOf(ctx, ts); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-// UpdateTopic changes a topic's labels and message_retention_duration
+// UpdateTopic changes a topic's labels, message_retention_duration
 // (removed by an empty one: messages are then kept until the topic is
-// deleted). Other fields cannot be changed.
+// deleted) and schema_settings: the whole (removed by an empty one) or
+// its fields schema_settings.schema, .encoding, .first_revision_id and
+// .last_revision_id, as the service and its samples do; the result is
+// checked as CreateTopic checks it. Other fields cannot be changed. A
+// request with any bad field changes nothing.
 func (s *Server) UpdateTopic(ctx context.Context, req *pb.UpdateTopicRequest) (*pb.Topic, error) {
 	name := req.GetTopic().GetName()
 	t, err := s.topicOf(name)
@@ -84,8 +113,12 @@ func (s *Server) UpdateTopic(ctx context.Context, req *pb.UpdateTopicRequest) (*
 		return nil, invalid("update %s: update_mask names no field", name)
 	}
 	var u adapter.TopicUpdate
+	var schemaPaths []string
 	for _, p := range paths {
 		switch p {
+		case "schema_settings", "schema_settings.schema", "schema_settings.encoding",
+			"schema_settings.first_revision_id", "schema_settings.last_revision_id":
+			schemaPaths = append(schemaPaths, p)
 		case "labels":
 			if err := checkLabels(req.GetTopic().GetLabels()); err != nil {
 				return nil, err
@@ -110,11 +143,70 @@ func (s *Server) UpdateTopic(ctx context.Context, req *pb.UpdateTopicRequest) (*
 			return nil, invalid("update %s: unknown field name %q in update_mask", name, p)
 		}
 	}
+	if len(schemaPaths) > 0 {
+		settings, err := s.updatedTopicSchema(ctx, t, req.GetTopic().GetSchemaSettings(), schemaPaths)
+		if err != nil {
+			return nil, err
+		}
+		u.ServiceSettings = &settings
+	}
 	cfg, err := t.Update(ctx, u)
 	if err != nil {
+		s.topicSchemas.forget(name) // whether it changed is unknown
 		return nil, toStatus(err)
 	}
-	return topicProto(t, cfg), nil
+	ts, err := topicSchemaOf(name, cfg.ServiceSettings)
+	if err != nil {
+		return nil, err
+	}
+	s.topicSchemas.set(name, ts)
+	return s.topicProto(ctx, t, cfg)
+}
+
+// updatedTopicSchema returns the service settings of topic t with the
+// schema settings paths of in applied, checked. Fields are applied to the
+// settings as GetTopic shows them, so that changing one field of the
+// settings of a deleted schema names "_deleted-schema_", which is refused.
+func (s *Server) updatedTopicSchema(ctx context.Context, t *adapter.Topic, in *pb.SchemaSettings, paths []string) (string, error) {
+	cfg, err := t.Config(ctx)
+	if err != nil {
+		return "", toStatus(err)
+	}
+	cur, err := topicSchemaOf(t.String(), cfg.ServiceSettings)
+	if err != nil {
+		return "", err
+	}
+	next, err := s.cfg.Schemas.SettingsOf(ctx, cur)
+	if err != nil {
+		return "", err
+	}
+	for _, p := range paths {
+		if p == "schema_settings" {
+			next = nil // removed, unless in has settings
+			if in != nil {
+				next = proto.CloneOf(in)
+			}
+			continue
+		}
+		if next == nil {
+			next = &pb.SchemaSettings{}
+		}
+		switch p {
+		case "schema_settings.schema":
+			next.Schema = in.GetSchema()
+		case "schema_settings.encoding":
+			next.Encoding = in.GetEncoding()
+		case "schema_settings.first_revision_id":
+			next.FirstRevisionId = in.GetFirstRevisionId()
+		case "schema_settings.last_revision_id":
+			next.LastRevisionId = in.GetLastRevisionId()
+		}
+	}
+	ts, err := s.cfg.Schemas.CheckSettings(ctx, next)
+	if err != nil {
+		return "", err
+	}
+	return withTopicSchema(cfg.ServiceSettings, ts)
 }
 
 // GetTopic returns a topic's configuration.
@@ -127,7 +219,7 @@ func (s *Server) GetTopic(ctx context.Context, req *pb.GetTopicRequest) (*pb.Top
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return topicProto(t, cfg), nil
+	return s.topicProto(ctx, t, cfg)
 }
 
 // ListTopics lists a project's topics, sorted by name.
@@ -150,7 +242,11 @@ func (s *Server) ListTopics(ctx context.Context, req *pb.ListTopicsRequest) (*pb
 		if err != nil {
 			continue // deleted meanwhile
 		}
-		resp.Topics = append(resp.Topics, topicProto(t, cfg))
+		pt, err := s.topicProto(ctx, t, cfg)
+		if err != nil {
+			return nil, err
+		}
+		resp.Topics = append(resp.Topics, pt)
 	}
 	return resp, nil
 }
@@ -207,13 +303,18 @@ func (s *Server) DeleteTopic(ctx context.Context, req *pb.DeleteTopicRequest) (*
 		return nil, toStatus(err)
 	}
 	s.b.Forget(project, id)
+	s.topicSchemas.forget(req.GetTopic())
 	return &emptypb.Empty{}, nil
 }
 
 // Publish stores every message of the request, in order, and returns their
-// ids. An invalid message fails the request before any is stored; when a
-// publish fails, the request fails (the client retries it, and the
-// messages already stored are stored once, by their ids).
+// ids. An invalid message fails the request before any is stored: on a
+// topic with schema settings, that includes a message whose data the
+// schema refuses (INVALID_ARGUMENT, SchemaServer.Validator), and every
+// message is refused once the schema is deleted (NOT_FOUND). Validated
+// messages carry the googclient_schema* attributes, as the service sets
+// them. When a publish fails, the request fails (the client retries it,
+// and the messages already stored are stored once, by their ids).
 func (s *Server) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.PublishResponse, error) {
 	project, id, err := parseTopic(req.GetTopic())
 	if err != nil {
@@ -224,6 +325,14 @@ func (s *Server) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	}
 	if n := len(req.GetMessages()); n > maxPublishRequestMessages {
 		return nil, invalid("publish to %s: %d messages in one request, at most %d", req.GetTopic(), n, maxPublishRequestMessages)
+	}
+	ts, err := s.publishSchema(ctx, req.GetTopic(), project, id)
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.cfg.Schemas.Validator(ctx, ts)
+	if err != nil {
+		return nil, err
 	}
 	total := 0
 	msgs := make([]*adapter.Message, len(req.GetMessages()))
@@ -240,10 +349,198 @@ func (s *Server) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		}
 		msgs[i] = &adapter.Message{Data: m.GetData(), Attributes: m.GetAttributes(), OrderingKey: m.GetOrderingKey()}
 		cloudevents.FromPubSub(msgs[i]) // a CloudEvent is stored as every binding reads it
+		if v != nil {
+			rev, err := v.Validate(m.GetData(), fmt.Sprintf("messages[%d]", i))
+			if err != nil {
+				return nil, err
+			}
+			stampSchema(msgs[i], ts, rev)
+		}
 	}
 	ids, err := s.b.Publish(ctx, project, id, msgs)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	return &pb.PublishResponse{MessageIds: ids}, nil
+}
+
+// Schema attributes the service sets on each message it validated.
+const (
+	attrSchemaName     = "googclient_schemaname"
+	attrSchemaEncoding = "googclient_schemaencoding"
+	attrSchemaRevision = "googclient_schemarevisionid"
+)
+
+// stampSchema adds the schema attributes to m, which passed the schema of
+// ts at revision rev. They go in as headers, which clients see as
+// attributes (adapter.Message.PubSubAttributes): the adapter refuses
+// attributes named goog*, which only the service may set.
+func stampSchema(m *adapter.Message, ts *TopicSchema, rev string) {
+	if m.Header == nil {
+		m.Header = nats.Header{}
+	}
+	m.Header[attrSchemaName] = []string{ts.Schema}
+	m.Header[attrSchemaEncoding] = []string{ts.Encoding}
+	m.Header[attrSchemaRevision] = []string{rev}
+}
+
+// A topic's service settings (adapter.TopicConfig.ServiceSettings) are a
+// JSON object, one member per kind of setting the sidecar keeps and the
+// library does not act on, so that others can join later:
+// "schemaSettings" holds a TopicSchema. Members this version does not
+// know are kept as they are when it rewrites the object.
+const topicSchemaMember = "schemaSettings"
+
+// topicSchemaOf reads the schema settings of topic name from its service
+// settings; nil means none.
+func topicSchemaOf(name, settings string) (*TopicSchema, error) {
+	if settings == "" {
+		return nil, nil
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(settings), &members); err != nil {
+		return nil, status.Errorf(codes.Internal, "topic %s: unreadable settings: %v", name, err)
+	}
+	raw, ok := members[topicSchemaMember]
+	if !ok || string(raw) == "null" {
+		return nil, nil
+	}
+	var ts TopicSchema
+	if err := json.Unmarshal(raw, &ts); err != nil {
+		return nil, status.Errorf(codes.Internal, "topic %s: unreadable schema settings: %v", name, err)
+	}
+	return &ts, nil
+}
+
+// withTopicSchema returns the service settings settings with their schema
+// settings replaced by ts (nil: removed), other members kept. Settings
+// that are not a JSON object are replaced whole: nothing but this code
+// writes them.
+func withTopicSchema(settings string, ts *TopicSchema) (string, error) {
+	members := map[string]json.RawMessage{}
+	if settings != "" && json.Unmarshal([]byte(settings), &members) != nil {
+		members = map[string]json.RawMessage{}
+	}
+	delete(members, topicSchemaMember)
+	if ts != nil {
+		raw, err := json.Marshal(ts)
+		if err != nil {
+			return "", status.Errorf(codes.Internal, "encode schema settings: %v", err)
+		}
+		members[topicSchemaMember] = raw
+	}
+	if len(members) == 0 {
+		return "", nil
+	}
+	out, err := json.Marshal(members)
+	if err != nil {
+		return "", status.Errorf(codes.Internal, "encode topic settings: %v", err)
+	}
+	return string(out), nil
+}
+
+// publishSchema returns the schema settings of the topic a Publish names,
+// through s.topicSchemas: NOT_FOUND if there is no such topic.
+func (s *Server) publishSchema(ctx context.Context, name, project, id string) (*TopicSchema, error) {
+	return s.topicSchemas.get(ctx, name, func(ctx context.Context) (*TopicSchema, error) {
+		c, err := s.client(project)
+		if err != nil {
+			return nil, err
+		}
+		cfg, err := c.Topic(id).Config(ctx)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return topicSchemaOf(name, cfg.ServiceSettings)
+	})
+}
+
+// topicSettingsTTL bounds how long Publish trusts the schema settings it
+// read of a topic, so that publishing does not read the topic's stream
+// info for every request. CreateTopic, UpdateTopic and DeleteTopic through
+// this server take effect at once; through another sidecar, within the
+// TTL (and the schema's own recordTTL).
+const topicSettingsTTL = time.Second
+
+// topicSchemaCache holds the schema settings of the topics published to,
+// by topic name. When an entry is stale, the first Publish to see it
+// reads the topic again while the others go on with the stale settings;
+// only a topic not cached at all makes its publishers wait for the read.
+// The zero value is ready for use; it is safe for concurrent use.
+type topicSchemaCache struct {
+	mu      sync.Mutex
+	entries map[string]*topicSchemaEntry
+}
+
+type topicSchemaEntry struct {
+	ts      *TopicSchema // nil: the topic has none
+	at      time.Time
+	filled  bool
+	loading chan struct{} // closed when the running read ends; nil if none runs
+}
+
+// get returns the cached settings of topic name, reading them with load
+// when they are missing or stale. It blocks while another call reads
+// settings not cached yet, until that read ends or ctx does.
+func (c *topicSchemaCache) get(ctx context.Context, name string, load func(context.Context) (*TopicSchema, error)) (*TopicSchema, error) {
+	for {
+		c.mu.Lock()
+		e := c.entries[name]
+		switch {
+		case e != nil && e.filled && (e.loading != nil || time.Since(e.at) < topicSettingsTTL):
+			c.mu.Unlock()
+			return e.ts, nil // fresh, or stale while another call reads it again
+		case e != nil && e.loading != nil:
+			wait := e.loading
+			c.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, toStatus(ctx.Err())
+			}
+		}
+		if e == nil {
+			if c.entries == nil || len(c.entries) >= maxCached {
+				c.entries = make(map[string]*topicSchemaEntry)
+			}
+			e = &topicSchemaEntry{}
+			c.entries[name] = e
+		}
+		done := make(chan struct{})
+		e.loading = done
+		c.mu.Unlock()
+
+		ts, err := load(ctx)
+
+		c.mu.Lock()
+		e.loading = nil
+		switch current := c.entries[name] == e; {
+		case !current: // set or forgotten meanwhile: what was read may be older
+		case err == nil:
+			e.ts, e.at, e.filled = ts, time.Now(), true
+		case !e.filled || status.Code(err) == codes.NotFound:
+			delete(c.entries, name)
+		}
+		close(done)
+		c.mu.Unlock()
+		return ts, err
+	}
+}
+
+// set records the settings a topic was just given through this server.
+func (c *topicSchemaCache) set(name string, ts *TopicSchema) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.entries == nil || len(c.entries) >= maxCached {
+		c.entries = make(map[string]*topicSchemaEntry)
+	}
+	c.entries[name] = &topicSchemaEntry{ts: ts, at: time.Now(), filled: true}
+}
+
+// forget drops what is cached of a topic.
+func (c *topicSchemaCache) forget(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.entries, name)
 }

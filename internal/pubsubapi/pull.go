@@ -9,6 +9,7 @@ import (
 	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -28,7 +29,10 @@ const (
 // leased for stream_ack_deadline_seconds. Later requests may ack, modify
 // deadlines, or be empty keepalive pings, each answered with an empty
 // response. Every response sets subscription_properties, so the Go client
-// knows whether the subscription orders messages.
+// knows whether the subscription orders messages and whether it has
+// exactly-once delivery. On an exactly-once subscription a request's acks
+// and deadline changes are answered with acknowledge_confirmation and
+// modify_ack_deadline_confirmation, once JetStream has confirmed the acks.
 func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 	ctx := stream.Context()
 	// A stream counts from the moment it opens, not from its first
@@ -60,11 +64,12 @@ func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 
 	st := &pullStream{s: s, d: d, stream: stream, flow: newFlow(first.GetMaxOutstandingMessages(), first.GetMaxOutstandingBytes())}
 	st.deadline.Store(int64(deadline))
-	if err := st.apply(first); err != nil {
+	confirm, err := st.apply(first)
+	if err != nil {
 		return err
 	}
 	// The subscription's properties go first, before any message is ready.
-	if err := st.send(nil); err != nil {
+	if err := st.respond(confirm); err != nil {
 		return err
 	}
 	defer st.end()
@@ -196,8 +201,15 @@ func (st *pullStream) receive() error {
 		if req.GetMaxOutstandingMessages() != 0 || req.GetMaxOutstandingBytes() != 0 || req.GetProtocolVersion() != 0 {
 			return invalid("max_outstanding_messages, max_outstanding_bytes and protocol_version can only be set on the first request of a stream")
 		}
-		if err := st.apply(req); err != nil {
+		confirm, err := st.apply(req)
+		if err != nil {
 			return err
+		}
+		if confirm != nil {
+			if err := st.respond(confirm); err != nil {
+				return err
+			}
+			continue
 		}
 		if len(req.GetAckIds()) == 0 && len(req.GetModifyDeadlineAckIds()) == 0 {
 			// A keepalive ping: protocol_version >= 1 clients close the
@@ -211,60 +223,147 @@ func (st *pullStream) receive() error {
 
 // apply carries out a request's acks, deadline changes and a new stream
 // deadline. Every ack id is checked first: one bad id fails the request
-// and nothing of it is applied.
-func (st *pullStream) apply(req *pb.StreamingPullRequest) error {
+// and nothing of it is applied. On an exactly-once subscription it returns
+// the response that confirms the acks and deadline changes (nil for a
+// request with neither), once JetStream has confirmed the acks.
+func (st *pullStream) apply(req *pb.StreamingPullRequest) (*pb.StreamingPullResponse, error) {
 	if req.GetStreamAckDeadlineSeconds() != 0 {
 		d, err := streamDeadline(req.GetStreamAckDeadlineSeconds())
 		if err != nil {
-			return err
+			return nil, err
 		}
 		st.deadline.Store(int64(d))
 	}
 	if len(req.GetModifyDeadlineSeconds()) != len(req.GetModifyDeadlineAckIds()) {
-		return invalid("modify_deadline_seconds has %d entries and modify_deadline_ack_ids %d: they must match",
+		return nil, invalid("modify_deadline_seconds has %d entries and modify_deadline_ack_ids %d: they must match",
 			len(req.GetModifyDeadlineSeconds()), len(req.GetModifyDeadlineAckIds()))
 	}
 	for _, secs := range req.GetModifyDeadlineSeconds() {
 		if secs < 0 || secs > maxAckDeadlineSeconds {
-			return invalid("modify deadline %d not in 0..%d seconds", secs, maxAckDeadlineSeconds)
+			return nil, invalid("modify deadline %d not in 0..%d seconds", secs, maxAckDeadlineSeconds)
 		}
 	}
 	acks, err := st.s.parseAckIDs(st.d.name, req.GetAckIds())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	mods, err := st.s.parseAckIDs(st.d.name, req.GetModifyDeadlineAckIds())
 	if err != nil {
-		return err
+		return nil, err
 	}
-	for _, id := range acks {
-		st.d.settle(id, outAck)
+	eod := st.d.cfg.Load().ExactlyOnce
+	ctx := st.stream.Context()
+	ackRes := settleAll(len(acks), eod, func(i int) ackResult { return st.d.ack(ctx, acks[i], eod) })
+	modRes := settleAll(len(mods), false, func(i int) ackResult { return st.d.modify(mods[i], req.GetModifyDeadlineSeconds()[i]) })
+	if !eod || len(acks)+len(mods) == 0 {
+		return nil, nil
 	}
-	for i, id := range mods {
-		st.d.modify(id, req.GetModifyDeadlineSeconds()[i])
+	resp := &pb.StreamingPullResponse{}
+	if len(acks) > 0 {
+		ok, bad, retry := sortResults(req.GetAckIds(), ackRes)
+		resp.AcknowledgeConfirmation = &pb.StreamingPullResponse_AcknowledgeConfirmation{AckIds: ok, InvalidAckIds: bad, TemporaryFailedAckIds: retry}
 	}
-	return nil
+	if len(mods) > 0 {
+		ok, bad, retry := sortResults(req.GetModifyDeadlineAckIds(), modRes)
+		resp.ModifyAckDeadlineConfirmation = &pb.StreamingPullResponse_ModifyAckDeadlineConfirmation{AckIds: ok, InvalidAckIds: bad, TemporaryFailedAckIds: retry}
+	}
+	return resp, nil
 }
 
+// sortResults splits ack ids by their results.
+func sortResults(ackIDs []string, res []ackResult) (ok, invalid, transient []string) {
+	for i, r := range res {
+		switch r {
+		case ackOK:
+			ok = append(ok, ackIDs[i])
+		case ackInvalid:
+			invalid = append(invalid, ackIDs[i])
+		case ackTransient:
+			transient = append(transient, ackIDs[i])
+		}
+	}
+	return ok, invalid, transient
+}
+
+// send sends a batch of messages (none: an empty response).
 func (st *pullStream) send(batch []*pb.ReceivedMessage) error {
+	return st.respond(&pb.StreamingPullResponse{ReceivedMessages: batch})
+}
+
+// respond sends resp (nil: an empty response) with the subscription's
+// properties, as every response carries them.
+func (st *pullStream) respond(resp *pb.StreamingPullResponse) error {
+	if resp == nil {
+		resp = &pb.StreamingPullResponse{}
+	}
+	resp.SubscriptionProperties = &pb.StreamingPullResponse_SubscriptionProperties{
+		MessageOrderingEnabled: st.d.ordering,
+		// Read at each response: UpdateSubscription may turn it on or off,
+		// and the Go client follows what the last response said.
+		ExactlyOnceDeliveryEnabled: st.d.cfg.Load().ExactlyOnce,
+	}
 	st.sendMu.Lock()
 	defer st.sendMu.Unlock()
 	if st.ended {
 		return io.ErrClosedPipe // the RPC has returned: the stream is not ours to use
 	}
-	return st.stream.Send(&pb.StreamingPullResponse{
-		ReceivedMessages:       batch,
-		SubscriptionProperties: &pb.StreamingPullResponse_SubscriptionProperties{MessageOrderingEnabled: st.d.ordering},
-	})
+	return st.stream.Send(resp)
+}
+
+// ack acks lease id: on an exactly-once subscription (eod) once JetStream
+// has confirmed it (ackConfirmed), otherwise at once.
+func (d *dispatcher) ack(ctx context.Context, id uint64, eod bool) ackResult {
+	if eod {
+		return d.ackConfirmed(ctx, id)
+	}
+	if !d.settle(id, outAck) {
+		return ackInvalid
+	}
+	return ackOK
 }
 
 // modify nacks lease id for 0 seconds, and otherwise moves its deadline.
-func (d *dispatcher) modify(id uint64, secs int32) {
+// Neither waits, with exactly-once delivery too: a nack needs no
+// confirmation (a nack lost on the way lets the deadline pass instead).
+func (d *dispatcher) modify(id uint64, secs int32) ackResult {
+	var ok bool
 	if secs == 0 {
-		d.settle(id, outNack)
-		return
+		ok = d.settle(id, outNack)
+	} else {
+		ok = d.extend(id, time.Duration(secs)*time.Second)
 	}
-	d.extend(id, time.Duration(secs)*time.Second)
+	if !ok {
+		return ackInvalid
+	}
+	return ackOK
+}
+
+// maxConfirming bounds the exactly-once acks of one request confirmed at
+// once: each waits a round trip to JetStream.
+const maxConfirming = 64
+
+// settleAll runs f for the ack ids 0..n-1 of a request and returns their
+// results: one after another, or concurrently (at most maxConfirming at a
+// time) when each waits for JetStream's confirmation.
+func settleAll(n int, concurrent bool, f func(i int) ackResult) []ackResult {
+	res := make([]ackResult, n)
+	if !concurrent || n == 1 {
+		for i := range n {
+			res[i] = f(i)
+		}
+		return res
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, maxConfirming)
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			res[i] = f(i)
+		})
+	}
+	wg.Wait()
+	return res
 }
 
 // Pull returns up to max_messages messages, waiting up to PullWait for the
@@ -334,9 +433,14 @@ func (d *dispatcher) leaseBatch(l *lease, f *flow, deadline time.Duration, max i
 
 // Acknowledge acks messages. Ack ids of leases that have ended are
 // ignored, as in Pub/Sub; an ack id this sidecar did not issue for the
-// subscription fails the request, and none of its ack ids is used.
+// subscription fails the request, and none of its ack ids is used. On an
+// exactly-once subscription it returns once JetStream has confirmed the
+// acks, and reports ack ids that failed as the service does
+// (exactlyOnceError).
 func (s *Server) Acknowledge(ctx context.Context, req *pb.AcknowledgeRequest) (*emptypb.Empty, error) {
-	err := s.forLeases(ctx, req.GetSubscription(), req.GetAckIds(), func(d *dispatcher, id uint64) { d.settle(id, outAck) })
+	err := s.forLeases(ctx, req.GetSubscription(), req.GetAckIds(), true, func(d *dispatcher, id uint64, eod bool) ackResult {
+		return d.ack(ctx, id, eod)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -351,17 +455,25 @@ func (s *Server) ModifyAckDeadline(ctx context.Context, req *pb.ModifyAckDeadlin
 	if secs < 0 || secs > maxAckDeadlineSeconds {
 		return nil, invalid("ack_deadline_seconds %d not in 0..%d", secs, maxAckDeadlineSeconds)
 	}
-	err := s.forLeases(ctx, req.GetSubscription(), req.GetAckIds(), func(d *dispatcher, id uint64) { d.modify(id, secs) })
+	err := s.forLeases(ctx, req.GetSubscription(), req.GetAckIds(), false, func(d *dispatcher, id uint64, _ bool) ackResult {
+		return d.modify(id, secs)
+	})
 	if err != nil {
 		return nil, err
 	}
 	return &emptypb.Empty{}, nil
 }
 
-// forLeases checks every ack id, then calls f for each lease. Without a
-// running dispatcher no lease of the subscription is out, and there is
-// nothing to do, unless the subscription does not exist: NOT_FOUND.
-func (s *Server) forLeases(ctx context.Context, sub string, ackIDs []string, f func(d *dispatcher, id uint64)) error {
+// forLeases checks every ack id, then calls f for each lease (with
+// whether the subscription has exactly-once delivery; concurrently when it
+// has and confirm says f waits for JetStream). Without a running
+// dispatcher no lease of the subscription is out here, unless the
+// subscription does not exist: NOT_FOUND.
+//
+// Without exactly-once delivery ack ids of leases that have ended are
+// ignored, as in Pub/Sub. With it, each ack id that failed is reported
+// (exactlyOnceError).
+func (s *Server) forLeases(ctx context.Context, sub string, ackIDs []string, confirm bool, f func(d *dispatcher, id uint64, eod bool) ackResult) error {
 	if _, _, err := parseSubscription(sub); err != nil {
 		return err
 	}
@@ -380,19 +492,63 @@ func (s *Server) forLeases(ctx context.Context, sub string, ackIDs []string, f f
 		if err != nil {
 			return err
 		}
-		ok, err := handle.Exists(ctx)
+		cfg, err := handle.Config(ctx)
 		if err != nil {
 			return toStatus(err)
 		}
-		if !ok {
-			return status.Errorf(codes.NotFound, "subscription %s not found", sub)
+		if !cfg.ExactlyOnce {
+			return nil
 		}
+		res := make([]ackResult, len(ids))
+		for i := range res {
+			res[i] = ackInvalid
+		}
+		return exactlyOnceError(ackIDs, res)
+	}
+	eod := d.cfg.Load().ExactlyOnce
+	res := settleAll(len(ids), eod && confirm, func(i int) ackResult { return f(d, ids[i], eod) })
+	if !eod {
 		return nil
 	}
-	for _, lid := range ids {
-		f(d, lid)
+	return exactlyOnceError(ackIDs, res)
+}
+
+// Exactly-once delivery reports the ack ids of an Acknowledge or
+// ModifyAckDeadline that failed as the service does, and as clients read
+// them (the Go client's iterator.go, processResults): INVALID_ARGUMENT with
+// a google.rpc.ErrorInfo whose reason is EXACTLY_ONCE_ACKID_FAILURE and
+// whose metadata maps each failed ack id to PERMANENT_FAILURE_INVALID_ACK_ID
+// (the lease has ended: AcknowledgeStatusInvalidAckID) or to a value with
+// the prefix TRANSIENT_ (clients send those again).
+const (
+	eodReason          = "EXACTLY_ONCE_ACKID_FAILURE"
+	eodDomain          = "pubsub.googleapis.com"
+	eodInvalidAckID    = "PERMANENT_FAILURE_INVALID_ACK_ID"
+	eodTransientFailed = "TRANSIENT_FAILURE_OTHER"
+	eodFailureMessage  = "Some acknowledgement ids in the request were invalid. This could be because the acknowledgement ids have expired or the acknowledgement ids were malformed."
+)
+
+// exactlyOnceError is the error that reports the ack ids whose results
+// are failures, or nil when none is.
+func exactlyOnceError(ackIDs []string, res []ackResult) error {
+	failed := map[string]string{}
+	for i, r := range res {
+		switch r {
+		case ackInvalid:
+			failed[ackIDs[i]] = eodInvalidAckID
+		case ackTransient:
+			failed[ackIDs[i]] = eodTransientFailed
+		}
 	}
-	return nil
+	if len(failed) == 0 {
+		return nil
+	}
+	st, err := status.New(codes.InvalidArgument, eodFailureMessage).
+		WithDetails(&errdetails.ErrorInfo{Reason: eodReason, Domain: eodDomain, Metadata: failed})
+	if err != nil { // only for a detail that cannot be marshalled
+		return status.Errorf(codes.Internal, "exactly-once ack failure: %v", err)
+	}
+	return st.Err()
 }
 
 // Drain stops handing out messages and waits, until ctx ends, for the

@@ -46,7 +46,12 @@ import (
 //   - A topic validates against every revision in [first, last] by creation
 //     order, even after one of the bounds is deleted: the record keeps the
 //     position of deleted revisions for that.
-//   - Publishing to a topic whose schema is deleted fails.
+//   - Publishing to a topic whose schema is deleted fails (NOT_FOUND, as
+//     Google's emulator answers), also once a schema of the same name is
+//     created again: the topic shows schema "_deleted-schema_".
+//   - A published message carries the attributes googclient_schemaname,
+//     googclient_schemaencoding and googclient_schemarevisionid (the
+//     revision it validated against), as the service sets them.
 const (
 	schemasBucket = "JO_SCHEMAS"
 
@@ -103,7 +108,11 @@ func NewSchemaServer(nc *nats.Conn, replicas int, log *slog.Logger) *SchemaServe
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	js, err := jetstream.New(nc)
+	var js jetstream.JetStream
+	err := errors.New("no NATS connection")
+	if nc != nil {
+		js, err = jetstream.New(nc)
+	}
 	return &SchemaServer{
 		js: js, jsErr: err, replicas: max(replicas, 1), log: log,
 		records:  make(map[string]cachedRecord),
@@ -121,6 +130,10 @@ func (s *SchemaServer) Register(g *grpc.Server) {
 // schemaRecord is a schema: its revisions, oldest first, and the positions
 // of deleted ones.
 type schemaRecord struct {
+	// UID tells this schema from an earlier one of the same name that was
+	// deleted: topics keep the UID of the schema they name (TopicSchema).
+	// Records written before it was kept have none.
+	UID       string           `json:"uid,omitempty"`
 	Revisions []revisionRecord `json:"revisions"`
 	Deleted   []tombstone      `json:"deleted,omitempty"`
 	Seq       uint64           `json:"seq"` // of the last revision made
@@ -206,6 +219,12 @@ func (r *schemaRecord) allowed(first, last string) []revisionRecord {
 
 func newRevisionID() string {
 	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func newUID() string {
+	b := make([]byte, 12)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
@@ -531,7 +550,7 @@ func (s *SchemaServer) CreateSchema(ctx context.Context, req *pb.CreateSchemaReq
 	if err != nil {
 		return nil, err
 	}
-	var rec schemaRecord
+	rec := schemaRecord{UID: newUID()}
 	rev = rec.add(rev)
 	data, err := json.Marshal(&rec)
 	if err != nil {
@@ -802,7 +821,7 @@ func (s *SchemaServer) DeleteSchemaRevision(ctx context.Context, req *pb.DeleteS
 }
 
 // DeleteSchema deletes a schema with every revision. Topics that name it
-// refuse messages from then on (ValidateForTopic).
+// refuse messages from then on (Validator).
 func (s *SchemaServer) DeleteSchema(ctx context.Context, req *pb.DeleteSchemaRequest) (*emptypb.Empty, error) {
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
@@ -885,41 +904,64 @@ func (s *SchemaServer) ValidateMessage(ctx context.Context, req *pb.ValidateMess
 	}
 	if err := c.Validate(req.GetEncoding(), req.GetMessage()); err != nil {
 		// The service's words, then the decoder's reason.
-		return nil, invalid("Invalid data in message: %s", strings.TrimPrefix(err.Error(), schema.ErrInvalidMessage.Error()+": "))
+		return nil, invalid("Invalid data in message: %s", invalidReason(err))
 	}
 	return &pb.ValidateMessageResponse{}, nil
 }
 
 // The topic side.
 
+// TopicSchema is a topic's schema settings as the topic keeps them (JSON
+// in its service settings, docs/WIRE.md): the settings CheckSettings
+// accepted, and the UID of the schema they were checked against, so that
+// a schema deleted and then created again under the same name is not
+// taken for the one the topic named.
+type TopicSchema struct {
+	Schema          string `json:"schema"`
+	Encoding        string `json:"encoding"` // JSON or BINARY
+	FirstRevisionID string `json:"firstRevisionId,omitempty"`
+	LastRevisionID  string `json:"lastRevisionId,omitempty"`
+	SchemaUID       string `json:"schemaUid,omitempty"`
+}
+
+func (ts *TopicSchema) encoding() pb.Encoding {
+	return pb.Encoding(pb.Encoding_value[ts.Encoding])
+}
+
+// errSchemaDeleted is Publish's answer on a topic whose schema was
+// deleted. The service documents only that publishing fails; this is the
+// answer of Google's own emulator.
+var errSchemaDeleted = status.Error(codes.NotFound, "Schema associated with topic deleted.")
+
 // CheckSettings checks the schema settings of a topic being created or
-// updated: the schema exists (NOT_FOUND otherwise), the encoding is JSON or
-// BINARY, and the revision bounds, if given, are revisions of it (NOT_FOUND)
-// with first created no later than last (INVALID_ARGUMENT). nil settings,
-// a topic without schema, are fine. Errors are gRPC statuses. It reads the
-// bucket, so it blocks up to ctx's deadline (10s if none).
-func (s *SchemaServer) CheckSettings(ctx context.Context, settings *pb.SchemaSettings) error {
+// updated and returns them as the topic keeps them: the schema exists
+// (NOT_FOUND otherwise), the encoding is JSON or BINARY, and the revision
+// bounds, if given, are revisions of it (NOT_FOUND) with first created no
+// later than last (INVALID_ARGUMENT). nil settings, a topic without schema,
+// return nil. Errors are gRPC statuses. It reads the bucket, so it blocks
+// up to ctx's deadline (10s if none). It is safe for concurrent use.
+func (s *SchemaServer) CheckSettings(ctx context.Context, settings *pb.SchemaSettings) (*TopicSchema, error) {
 	if settings == nil {
-		return nil
+		return nil, nil
 	}
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
 	if settings.GetSchema() == "" {
-		return invalid("schema_settings.schema is required")
+		return nil, invalid("schema_settings.schema is required")
 	}
 	if settings.GetSchema() == DeletedSchema {
-		return invalid("schema_settings.schema %q names a deleted schema", DeletedSchema)
+		return nil, invalid("schema_settings.schema %q names a deleted schema: name an existing one, or clear the schema settings", DeletedSchema)
 	}
 	ref, err := parseSchemaName(settings.GetSchema(), revForbidden)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if e := settings.GetEncoding(); e != pb.Encoding_JSON && e != pb.Encoding_BINARY {
-		return invalid("schema_settings.encoding must be JSON or BINARY, not %v", e)
+		return nil, invalid("schema_settings.encoding must be JSON or BINARY, not %v", e)
 	}
 	rec, _, err := s.load(ctx, ref)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var seqs [2]uint64
 	for i, id := range []string{settings.GetFirstRevisionId(), settings.GetLastRevisionId()} {
@@ -928,85 +970,173 @@ func (s *SchemaServer) CheckSettings(ctx context.Context, settings *pb.SchemaSet
 		}
 		rev, ok := rec.find(id)
 		if !ok {
-			return status.Errorf(codes.NotFound, "revision %s of schema %s not found", id, ref.name())
+			return nil, status.Errorf(codes.NotFound, "revision %s of schema %s not found", id, ref.name())
 		}
 		seqs[i] = rev.Seq
 	}
 	if seqs[0] != 0 && seqs[1] != 0 && seqs[0] > seqs[1] {
-		return invalid("schema_settings.first_revision_id %s was created after last_revision_id %s",
+		return nil, invalid("schema_settings.first_revision_id %s was created after last_revision_id %s",
 			settings.GetFirstRevisionId(), settings.GetLastRevisionId())
 	}
-	return nil
+	return &TopicSchema{
+		Schema:          ref.name(),
+		Encoding:        settings.GetEncoding().String(),
+		FirstRevisionID: settings.GetFirstRevisionId(),
+		LastRevisionID:  settings.GetLastRevisionId(),
+		SchemaUID:       rec.UID,
+	}, nil
 }
 
-// ValidateForTopic checks a message's data against a topic's schema
-// settings, as Publish must before storing it: the message is accepted if it
-// is valid against any revision from first_revision_id to last_revision_id
-// (all revisions if unset), newest tried first. nil settings, or no schema,
-// accept everything.
-//
-// An invalid message is INVALID_ARGUMENT "Invalid data in message: Message
-// failed schema validation." with an ErrorInfo (domain pubsub.googleapis.com,
-// reason INVALID_{JSON,BINARY}_{AVRO,PROTO}_MESSAGE, metadata revisionInfo
-// saying why), as the service answers. A topic whose schema was deleted
-// refuses every message with FAILED_PRECONDITION.
-//
-// Schema records are cached for up to a second and compiled revisions for
-// good, so validating costs no bucket read for most messages; a cache miss
-// blocks on the bucket up to ctx's deadline (10s if none).
-func (s *SchemaServer) ValidateForTopic(ctx context.Context, settings *pb.SchemaSettings, data []byte) error {
-	if settings.GetSchema() == "" {
-		return nil
-	}
-	if settings.GetSchema() == DeletedSchema {
-		return status.Error(codes.FailedPrecondition, "the topic's schema has been deleted: messages cannot be published until its schema settings are changed")
-	}
-	ref, err := parseSchemaName(settings.GetSchema(), revForbidden)
+// topicRecord returns the record of the schema a topic names, through the
+// cache, or errSchemaDeleted if that schema is gone.
+func (s *SchemaServer) topicRecord(ctx context.Context, ts *TopicSchema) (schemaRef, *schemaRecord, error) {
+	ref, err := parseSchemaName(ts.Schema, revForbidden)
 	if err != nil {
-		return status.Errorf(codes.FailedPrecondition, "the topic's schema settings are invalid: %v", status.Convert(err).Message())
+		return schemaRef{}, nil, errSchemaDeleted // _deleted-schema_, or a name no schema can have
+	}
+	rec, err := s.cachedLoad(ctx, ref)
+	switch {
+	case status.Code(err) == codes.NotFound:
+		return schemaRef{}, nil, errSchemaDeleted
+	case err != nil:
+		return schemaRef{}, nil, err
+	case rec.UID != ts.SchemaUID:
+		return schemaRef{}, nil, errSchemaDeleted // and another created under its name
+	}
+	return ref, rec, nil
+}
+
+// SettingsOf returns a topic's schema settings as GetTopic shows them:
+// as they were set, with schema "_deleted-schema_" once the schema is
+// deleted. nil ts returns nil. It reads the schema through the cache
+// (blocking up to ctx's deadline, 10s if none, on a miss), so a deletion
+// through another server shows within recordTTL.
+func (s *SchemaServer) SettingsOf(ctx context.Context, ts *TopicSchema) (*pb.SchemaSettings, error) {
+	if ts == nil {
+		return nil, nil
+	}
+	out := &pb.SchemaSettings{
+		Schema:          ts.Schema,
+		Encoding:        ts.encoding(),
+		FirstRevisionId: ts.FirstRevisionID,
+		LastRevisionId:  ts.LastRevisionID,
 	}
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
-	rec, err := s.cachedLoad(ctx, ref)
-	if status.Code(err) == codes.NotFound {
-		return status.Errorf(codes.FailedPrecondition, "the topic's schema %s has been deleted: messages cannot be published until its schema settings are changed", ref.name())
+	_, _, err := s.topicRecord(ctx, ts)
+	if errors.Is(err, errSchemaDeleted) {
+		out.Schema = DeletedSchema
+		err = nil
 	}
+	return out, err
+}
+
+// TopicValidator checks the messages of one Publish request against a
+// topic's schema settings, all against the same revisions. It is not safe
+// for concurrent use.
+type TopicValidator struct {
+	ref      schemaRef
+	enc      pb.Encoding
+	typ      pb.Schema_Type
+	revs     []revisionRecord // the allowed ones, newest first
+	compiled []*schema.Schema // of revs
+	settings *TopicSchema
+}
+
+// Validator returns a validator of messages for a topic with schema
+// settings ts: the allowed revisions of the schema (from first_revision_id
+// to last_revision_id, all if unset; a bound that was deleted still bounds
+// by its position), compiled. On a topic whose schema was deleted it
+// returns NOT_FOUND "Schema associated with topic deleted."; nil ts
+// returns nil, which accepts everything. Schema records are cached for up
+// to recordTTL and compiled revisions for good, so that most calls read
+// nothing; a miss blocks on the bucket up to ctx's deadline (10s if none).
+func (s *SchemaServer) Validator(ctx context.Context, ts *TopicSchema) (*TopicValidator, error) {
+	if ts == nil {
+		return nil, nil
+	}
+	ctx, cancel := withSchemaTimeout(ctx)
+	defer cancel()
+	ref, rec, err := s.topicRecord(ctx, ts)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	enc := settings.GetEncoding()
+	enc := ts.encoding()
 	if enc != pb.Encoding_JSON && enc != pb.Encoding_BINARY {
-		return status.Errorf(codes.FailedPrecondition, "the topic's schema settings have no encoding")
+		return nil, status.Errorf(codes.FailedPrecondition, "the schema settings of the topic have no encoding: set them again")
 	}
-	revs := rec.allowed(settings.GetFirstRevisionId(), settings.GetLastRevisionId())
-	if len(revs) == 0 {
-		return invalidMessage(ref, enc, rec.latest().schemaType(),
-			fmt.Sprintf("no revision of schema %s from %q to %q remains", ref.name(), settings.GetFirstRevisionId(), settings.GetLastRevisionId()))
-	}
-	var last error
-	for _, rev := range revs {
+	v := &TopicValidator{ref: ref, enc: enc, typ: rec.latest().schemaType(), revs: rec.allowed(ts.FirstRevisionID, ts.LastRevisionID), settings: ts}
+	for _, rev := range v.revs {
 		c, err := s.compile(ref.name(), rev)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if last = c.Validate(enc, data); last == nil {
-			return nil
+		v.compiled = append(v.compiled, c)
+	}
+	return v, nil
+}
+
+// Validate checks one message's data and returns the id of the revision
+// it is valid against, the newest that accepts it. what names the message
+// in the error ("messages[3]"). An invalid message is INVALID_ARGUMENT
+// "Invalid data in message: Message failed schema validation.", as the
+// service answers, followed by why, with an ErrorInfo (domain
+// pubsub.googleapis.com, reason INVALID_{JSON,BINARY}_{AVRO,PROTO}_MESSAGE,
+// metadata revisionInfo in the service's words).
+func (v *TopicValidator) Validate(data []byte, what string) (string, error) {
+	if len(v.revs) == 0 {
+		// Every revision of the range was deleted: nothing validates.
+		return "", invalidMessage(v.enc, v.typ,
+			fmt.Sprintf("no revision of schema %s from %q to %q remains", v.ref.name(), v.settings.FirstRevisionID, v.settings.LastRevisionID),
+			fmt.Sprintf("%s cannot be validated: every revision of schema %s from %q to %q was deleted",
+				what, v.ref.name(), v.settings.FirstRevisionID, v.settings.LastRevisionID))
+	}
+	var first, last error
+	for i, c := range v.compiled {
+		if last = c.Validate(v.enc, data); last == nil {
+			return v.revs[i].ID, nil
+		}
+		if first == nil {
+			first = last
 		}
 	}
-	lastRev := revs[len(revs)-1]
-	return invalidMessage(ref, enc, lastRev.schemaType(), fmt.Sprintf(
-		"Could not validate message with any schema revision for schema: %s, last checked revision: revision_id=%s failed with status: %v",
-		ref.name(), lastRev.ID, last))
+	newest, oldest := v.revs[0], v.revs[len(v.revs)-1]
+	tried := ""
+	if n := len(v.revs); n > 1 {
+		tried = fmt.Sprintf(" and %d older", n-1)
+	}
+	return "", invalidMessage(v.enc, v.typ,
+		fmt.Sprintf("Could not validate message with any schema revision for schema: %s, last checked revision: revision_id=%s failed with status: %v",
+			v.ref.name(), oldest.ID, last),
+		fmt.Sprintf("%s is not valid against schema %s (revision %s%s): %s",
+			what, v.ref.name(), newest.ID, tried, invalidReason(first)))
+}
+
+// invalidReason is a decoder's reason without the sentinel's words.
+func invalidReason(err error) string {
+	return strings.TrimPrefix(err.Error(), schema.ErrInvalidMessage.Error()+": ")
+}
+
+// ValidateForTopic checks one message's data against a topic's schema
+// settings, as Publish does for each message of a request (Validator and
+// Validate), and returns the id of the revision it is valid against. nil
+// ts accepts everything.
+func (s *SchemaServer) ValidateForTopic(ctx context.Context, ts *TopicSchema, data []byte) (string, error) {
+	v, err := s.Validator(ctx, ts)
+	if err != nil || v == nil {
+		return "", err
+	}
+	return v.Validate(data, "the message")
 }
 
 // invalidMessage is the service's status for a message its topic's schema
-// refuses.
-func invalidMessage(ref schemaRef, enc pb.Encoding, t pb.Schema_Type, revisionInfo string) error {
+// refuses, with why (detail) after the service's words.
+func invalidMessage(enc pb.Encoding, t pb.Schema_Type, revisionInfo, detail string) error {
 	kind := "PROTO"
 	if t == pb.Schema_AVRO {
 		kind = "AVRO"
 	}
-	st := status.New(codes.InvalidArgument, "Invalid data in message: Message failed schema validation.")
+	st := status.New(codes.InvalidArgument, "Invalid data in message: Message failed schema validation. "+detail)
 	if d, err := st.WithDetails(&errdetails.ErrorInfo{
 		Reason: fmt.Sprintf("INVALID_%s_%s_MESSAGE", strings.ToUpper(encodingWord(enc)), kind),
 		Domain: "pubsub.googleapis.com",

@@ -2,6 +2,7 @@ package pubsubapi
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -14,8 +15,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
@@ -84,7 +87,15 @@ func TestSchemaCheckSettings(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			wantStatus(t, "CheckSettings", s.CheckSettings(ctx, tt.settings), tt.want)
+			ts, err := s.CheckSettings(ctx, tt.settings)
+			wantStatus(t, "CheckSettings", err, tt.want)
+			if err == nil && tt.settings != nil && (ts.Schema != name || ts.Encoding != tt.settings.Encoding.String() ||
+				ts.FirstRevisionID != tt.settings.FirstRevisionId || ts.LastRevisionID != tt.settings.LastRevisionId || ts.SchemaUID == "") {
+				t.Fatalf("CheckSettings = %+v", ts)
+			}
+			if err == nil && tt.settings == nil && ts != nil {
+				t.Fatalf("CheckSettings(nil) = %+v", ts)
+			}
 		})
 	}
 }
@@ -118,15 +129,23 @@ func TestSchemaValidateForTopic(t *testing.T) {
 		pop   = `{"name":"Alaska","population":"733391"}` // valid from r2
 		big   = `{"name":"Alaska","big":true}`            // valid in r3 only
 	)
-	settings := func(first, last string) *pb.SchemaSettings {
-		return &pb.SchemaSettings{Schema: name, Encoding: pb.Encoding_JSON, FirstRevisionId: first, LastRevisionId: last}
+	bound, err := s.CheckSettings(ctx, &pb.SchemaSettings{Schema: name, Encoding: pb.Encoding_JSON})
+	if err != nil {
+		t.Fatal(err)
 	}
-	check := func(what string, ss *pb.SchemaSettings, data string, want codes.Code) {
+	// settings are bound's with another range, which may name revisions
+	// deleted since (CheckSettings would refuse those).
+	settings := func(first, last string) *TopicSchema {
+		ts := *bound
+		ts.FirstRevisionID, ts.LastRevisionID = first, last
+		return &ts
+	}
+	check := func(what string, ts *TopicSchema, data string, want codes.Code) {
 		t.Helper()
-		wantStatus(t, what, s.ValidateForTopic(ctx, ss, []byte(data)), want)
+		_, err := s.ValidateForTopic(ctx, ts, []byte(data))
+		wantStatus(t, what, err, want)
 	}
 	check("no settings", nil, "anything", codes.OK)
-	check("no schema", &pb.SchemaSettings{}, "anything", codes.OK)
 	check("plain, all revisions", settings("", ""), plain, codes.OK)
 	check("pop, all revisions", settings("", ""), pop, codes.OK)
 	check("big, all revisions", settings("", ""), big, codes.OK)
@@ -136,13 +155,30 @@ func TestSchemaValidateForTopic(t *testing.T) {
 	check("big, r1 to r2", settings(r1.RevisionId, r2), big, codes.InvalidArgument)
 	check("not json", settings("", ""), "Alaska", codes.InvalidArgument)
 
+	// The revision a message is valid against: the newest that accepts it.
+	for _, tt := range []struct {
+		what string
+		ts   *TopicSchema
+		data string
+		want string
+	}{
+		{"plain, all revisions", settings("", ""), plain, r3},
+		{"plain, up to r2", settings("", r2), plain, r2},
+		{"plain, only r1", settings(r1.RevisionId, r1.RevisionId), plain, r1.RevisionId},
+	} {
+		if rev, err := s.ValidateForTopic(ctx, tt.ts, []byte(tt.data)); err != nil || rev != tt.want {
+			t.Errorf("ValidateForTopic(%s) = %q, %v; want %q", tt.what, rev, err, tt.want)
+		}
+	}
+
 	// Publish validates concurrently, through the caches.
 	errs := make(chan error, 8*50)
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
 			for range 50 {
-				errs <- s.ValidateForTopic(ctx, settings(r2, ""), []byte(pop))
+				_, err := s.ValidateForTopic(ctx, settings(r2, ""), []byte(pop))
+				errs <- err
 			}
 		})
 	}
@@ -152,11 +188,12 @@ func TestSchemaValidateForTopic(t *testing.T) {
 		wantStatus(t, "concurrent ValidateForTopic", err, codes.OK)
 	}
 
-	// The service's answer: a status, and an ErrorInfo saying why.
-	err = s.ValidateForTopic(ctx, settings("", r1.RevisionId), []byte(pop))
+	// The service's answer, followed by why: a status, and an ErrorInfo.
+	_, err = s.ValidateForTopic(ctx, settings("", r1.RevisionId), []byte(pop))
 	st := status.Convert(err)
-	if st.Message() != "Invalid data in message: Message failed schema validation." {
-		t.Errorf("message = %q", st.Message())
+	if msg := st.Message(); !strings.HasPrefix(msg, "Invalid data in message: Message failed schema validation. ") ||
+		!strings.Contains(msg, "revision "+r1.RevisionId) || !strings.Contains(msg, "population") {
+		t.Errorf("message = %q", msg)
 	}
 	var info *errdetails.ErrorInfo
 	for _, d := range st.Details() {
@@ -186,17 +223,43 @@ func TestSchemaValidateForTopic(t *testing.T) {
 
 	// Another sidecar, sharing the bucket, caches the record too...
 	s2 := another()
-	wantStatus(t, "other server", s2.ValidateForTopic(ctx, settings("", ""), []byte(plain)), codes.OK)
+	check2 := func() error {
+		_, err := s2.ValidateForTopic(ctx, settings("", ""), []byte(plain))
+		return err
+	}
+	wantStatus(t, "other server", check2(), codes.OK)
 
 	// ...and sees the schema deleted within recordTTL; this one at once.
 	if _, err := s.DeleteSchema(ctx, &pb.DeleteSchemaRequest{Name: name}); err != nil {
 		t.Fatal(err)
 	}
-	check("deleted schema", settings("", ""), plain, codes.FailedPrecondition)
-	check("deleted-schema marker", &pb.SchemaSettings{Schema: DeletedSchema, Encoding: pb.Encoding_JSON}, plain, codes.FailedPrecondition)
+	check("deleted schema", settings("", ""), plain, codes.NotFound)
+	check("deleted-schema marker", &TopicSchema{Schema: DeletedSchema, Encoding: "JSON"}, plain, codes.NotFound)
 	testutil.Eventually(t, 5*recordTTL+time.Second, func() bool {
-		return status.Code(s2.ValidateForTopic(ctx, settings("", ""), []byte(plain))) == codes.FailedPrecondition
+		return status.Code(check2()) == codes.NotFound
 	}, "the other server still accepts messages of the deleted schema")
+	if got, err := s.SettingsOf(ctx, settings("", "")); err != nil || got.Schema != DeletedSchema || got.Encoding != pb.Encoding_JSON {
+		t.Fatalf("SettingsOf(deleted) = %v, %v", got, err)
+	}
+
+	// A schema created again under the name is another one: the topic's
+	// schema stays deleted.
+	if _, err := s.CreateSchema(ctx, &pb.CreateSchemaRequest{Parent: "projects/" + testProject, SchemaId: "states",
+		Schema: &pb.Schema{Type: pb.Schema_PROTOCOL_BUFFER, Definition: testSchemaProto}}); err != nil {
+		t.Fatal(err)
+	}
+	check("schema created again", settings("", ""), plain, codes.NotFound)
+	if got, err := s.SettingsOf(ctx, settings("", "")); err != nil || got.Schema != DeletedSchema {
+		t.Fatalf("SettingsOf(created again) = %v, %v", got, err)
+	}
+	again, err := s.CheckSettings(ctx, &pb.SchemaSettings{Schema: name, Encoding: pb.Encoding_JSON})
+	if err != nil || again.SchemaUID == bound.SchemaUID {
+		t.Fatalf("CheckSettings(created again) = %+v, %v; the first had uid %s", again, err, bound.SchemaUID)
+	}
+	if got, err := s.SettingsOf(ctx, again); err != nil || got.Schema != name {
+		t.Fatalf("SettingsOf(bound again) = %v, %v", got, err)
+	}
+	check("bound again", again, plain, codes.OK)
 }
 
 // A project without schemas lists none; one with lists only its own.
@@ -263,4 +326,212 @@ func TestSchemaCompiledProto(t *testing.T) {
 	avro.Type = pb.Schema_AVRO
 	_, err = s.ValidateSchema(ctx, &pb.ValidateSchemaRequest{Parent: "projects/" + testProject, Schema: avro})
 	wantStatus(t, "compiled avro", err, codes.InvalidArgument)
+}
+
+// The schema settings share the topic's service settings with members a
+// later version may add: rewriting them keeps those.
+func TestTopicSchemaServiceSettings(t *testing.T) {
+	ts := &TopicSchema{Schema: "projects/p/schemas/s", Encoding: "BINARY", FirstRevisionID: "0000beef", SchemaUID: "u1"}
+	got, err := withTopicSchema("", ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back, err := topicSchemaOf("t", got); err != nil || *back != *ts {
+		t.Fatalf("read back %q = %+v, %v", got, back, err)
+	}
+
+	const other = `{"ingestion":{"x":1},"schemaSettings":{"schema":"projects/p/schemas/old","encoding":"JSON"}}`
+	got, err = withTopicSchema(other, ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(got, `"ingestion":{"x":1}`) || strings.Contains(got, "old") {
+		t.Fatalf("withTopicSchema(other) = %s", got)
+	}
+	if got, err = withTopicSchema(other, nil); err != nil || got != `{"ingestion":{"x":1}}` {
+		t.Fatalf("withTopicSchema(other, nil) = %s, %v", got, err)
+	}
+	if back, err := topicSchemaOf("t", got); err != nil || back != nil {
+		t.Fatalf("read back removed = %+v, %v", back, err)
+	}
+	if got, err := withTopicSchema(`{"schemaSettings":{"schema":"x"}}`, nil); err != nil || got != "" {
+		t.Fatalf("withTopicSchema(only schema, nil) = %q, %v", got, err)
+	}
+	_, err = topicSchemaOf("t", "not json")
+	wantStatus(t, "unreadable settings", err, codes.Internal)
+}
+
+// The topic settings cache: a fresh entry is read once; a stale one is
+// read again by one caller while the others go on with it; settings set
+// through this server win over a read that started before.
+func TestTopicSchemaCache(t *testing.T) {
+	ctx := context.Background()
+	var c topicSchemaCache
+	a := &TopicSchema{Schema: "projects/p/schemas/a"}
+	b := &TopicSchema{Schema: "projects/p/schemas/b"}
+
+	loads := 0
+	load := func(ts *TopicSchema) func(context.Context) (*TopicSchema, error) {
+		return func(context.Context) (*TopicSchema, error) { loads++; return ts, nil }
+	}
+	for range 3 {
+		if got, err := c.get(ctx, "t", load(a)); err != nil || got != a {
+			t.Fatalf("get = %v, %v", got, err)
+		}
+	}
+	if loads != 1 {
+		t.Fatalf("%d reads of a fresh entry, want 1", loads)
+	}
+	c.set("t", b)
+	if got, _ := c.get(ctx, "t", load(a)); got != b || loads != 1 {
+		t.Fatalf("after set: %v (%d reads)", got, loads)
+	}
+	c.forget("t")
+	if got, _ := c.get(ctx, "t", load(nil)); got != nil || loads != 2 {
+		t.Fatalf("after forget: %v (%d reads)", got, loads)
+	}
+
+	// A read that was running when the settings were set does not replace
+	// them; callers meanwhile wait for the first read of an uncached topic.
+	started, release := make(chan struct{}), make(chan struct{})
+	slow := func(context.Context) (*TopicSchema, error) {
+		close(started)
+		<-release
+		return a, nil
+	}
+	first := make(chan *TopicSchema, 1)
+	go func() {
+		got, _ := c.get(ctx, "u", slow)
+		first <- got
+	}()
+	<-started
+	waiter := make(chan *TopicSchema, 1)
+	go func() {
+		got, _ := c.get(ctx, "u", func(context.Context) (*TopicSchema, error) { return nil, errors.New("a second read") })
+		waiter <- got
+	}()
+	c.set("u", b)
+	close(release)
+	if got := <-first; got != a {
+		t.Fatalf("the slow read returned %v", got)
+	}
+	if got := <-waiter; got != b {
+		t.Fatalf("the waiting caller got %v, want the settings set", got)
+	}
+	if got, _ := c.get(ctx, "u", load(a)); got != b {
+		t.Fatalf("after the slow read: %v, want the settings set", got)
+	}
+
+	// A stale entry: one caller reads again, the others get the stale
+	// settings meanwhile.
+	c.mu.Lock()
+	c.entries["u"].at = time.Now().Add(-2 * topicSettingsTTL)
+	c.mu.Unlock()
+	started, release = make(chan struct{}), make(chan struct{})
+	go func() {
+		got, _ := c.get(ctx, "u", func(context.Context) (*TopicSchema, error) {
+			close(started)
+			<-release
+			return a, nil
+		})
+		first <- got
+	}()
+	<-started
+	if got, err := c.get(ctx, "u", func(context.Context) (*TopicSchema, error) { return nil, errors.New("a second read") }); err != nil || got != b {
+		t.Fatalf("during the read again: %v, %v; want the stale settings", got, err)
+	}
+	close(release)
+	if got := <-first; got != a {
+		t.Fatalf("the read again returned %v", got)
+	}
+	if got, _ := c.get(ctx, "u", load(nil)); got != a {
+		t.Fatalf("after the read again: %v", got)
+	}
+
+	// A topic that is gone is not kept.
+	missing := status.Error(codes.NotFound, "topic not found")
+	c.mu.Lock()
+	c.entries["u"].at = time.Now().Add(-2 * topicSettingsTTL)
+	c.mu.Unlock()
+	if _, err := c.get(ctx, "u", func(context.Context) (*TopicSchema, error) { return nil, missing }); status.Code(err) != codes.NotFound {
+		t.Fatalf("get of a deleted topic: %v", err)
+	}
+	c.mu.Lock()
+	_, kept := c.entries["u"]
+	c.mu.Unlock()
+	if kept {
+		t.Fatal("the settings of a deleted topic are kept")
+	}
+}
+
+// Schema settings set through one server apply to its next Publish at
+// once, and to another server's within topicSettingsTTL.
+func TestPublishTopicSchemaAcrossServers(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.Server(t)
+	newServer := func() *Server {
+		b := broker.New(testutil.Connect(t, srv.ClientURL()), nil, nil)
+		t.Cleanup(b.Close)
+		s := New(b, Config{})
+		t.Cleanup(s.Close)
+		return s
+	}
+	one, other := newServer(), newServer()
+	schemaName := "projects/" + testProject + "/schemas/states"
+	if _, err := one.cfg.Schemas.CreateSchema(ctx, &pb.CreateSchemaRequest{Parent: "projects/" + testProject, SchemaId: "states",
+		Schema: &pb.Schema{Type: pb.Schema_PROTOCOL_BUFFER, Definition: testSchemaProto}}); err != nil {
+		t.Fatal(err)
+	}
+	topic := "projects/" + testProject + "/topics/states"
+	if _, err := one.CreateTopic(ctx, &pb.Topic{Name: topic}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(s *Server, data string) error {
+		_, err := s.Publish(ctx, &pb.PublishRequest{Topic: topic, Messages: []*pb.PubsubMessage{{Data: []byte(data)}}})
+		return err
+	}
+	// Both cache the topic without schema.
+	wantStatus(t, "publish before", publish(one, "anything"), codes.OK)
+	wantStatus(t, "publish before, other server", publish(other, "anything"), codes.OK)
+
+	if _, err := one.UpdateTopic(ctx, &pb.UpdateTopicRequest{
+		Topic:      &pb.Topic{Name: topic, SchemaSettings: &pb.SchemaSettings{Schema: schemaName, Encoding: pb.Encoding_JSON}},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"schema_settings"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, "publish after", publish(one, "anything"), codes.InvalidArgument)
+	wantStatus(t, "publish after, valid", publish(one, `{"name":"Alaska"}`), codes.OK)
+	testutil.Eventually(t, 5*topicSettingsTTL+time.Second, func() bool {
+		return status.Code(publish(other, "anything")) == codes.InvalidArgument
+	}, "the other server still publishes without the schema")
+
+	// Removed through the other server.
+	if _, err := other.UpdateTopic(ctx, &pb.UpdateTopicRequest{
+		Topic: &pb.Topic{Name: topic}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"schema_settings"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, "publish after removal, other server", publish(other, "anything"), codes.OK)
+	testutil.Eventually(t, 5*topicSettingsTTL+time.Second, func() bool {
+		return publish(one, "anything") == nil
+	}, "the first server still validates against the removed schema")
+
+	// Deleted and created again without schema through the other server.
+	if _, err := one.UpdateTopic(ctx, &pb.UpdateTopicRequest{
+		Topic:      &pb.Topic{Name: topic, SchemaSettings: &pb.SchemaSettings{Schema: schemaName, Encoding: pb.Encoding_JSON}},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"schema_settings"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, "publish with schema", publish(one, "anything"), codes.InvalidArgument)
+	if _, err := other.DeleteTopic(ctx, &pb.DeleteTopicRequest{Topic: topic}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.CreateTopic(ctx, &pb.Topic{Name: topic}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*topicSettingsTTL+time.Second, func() bool {
+		return publish(one, "anything") == nil
+	}, "the first server still validates a topic created again without schema")
 }

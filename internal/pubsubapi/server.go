@@ -53,6 +53,11 @@ type Config struct {
 	// without a jetorder-delivery label. Default adapter.DefaultDelivery.
 	Delivery adapter.DeliveryMode
 	Logger   *slog.Logger
+	// Replicas of the buckets the server creates (JO_SNAPSHOTS). Default 1.
+	Replicas int
+	// Schemas validates the messages published to topics with schema
+	// settings. Default: a SchemaServer over the broker's connection.
+	Schemas *SchemaServer
 }
 
 // Server implements pb.PublisherServer and pb.SubscriberServer.
@@ -65,7 +70,10 @@ type Server struct {
 	log    *slog.Logger
 	ackKey []byte // authenticates ack ids; new for every process
 
+	topicSchemas topicSchemaCache // for Publish
+
 	partitions adapter.ReceiveStats // of every subscription's Receive
+	snapshots  snapshotStore
 
 	mu          sync.Mutex
 	dispatchers map[string]*dispatcher // projects/P/subscriptions/S
@@ -91,9 +99,13 @@ func New(b *broker.Broker, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Schemas == nil {
+		cfg.Schemas = NewSchemaServer(b.Conn(), 1, cfg.Logger)
+	}
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	s := &Server{b: b, cfg: cfg, log: cfg.Logger, ackKey: key, dispatchers: make(map[string]*dispatcher)}
+	s.snapshots.s = s
 	b.Metrics.GaugeFunc("jetorder_active_keys", "Ordering keys with a message held by this sidecar (with a client or waiting for one).",
 		func() (float64, bool) { return float64(s.activeKeys()), true })
 	b.Metrics.GaugeFunc("jetorder_max_delivery_attempt", "The highest delivery attempt among messages handed to subscribers now: "+

@@ -18,8 +18,9 @@ import (
 // means 10), dead_letter_policy, retry_policy, labels; and, kept and
 // returned but governed by the topic's retention,
 // message_retention_duration, retain_acked_messages and expiration_policy;
-// filter (messages that do not match are acked unseen). Push, export and
-// exactly-once delivery are refused.
+// filter (messages that do not match are acked unseen);
+// enable_exactly_once_delivery (acks confirmed by JetStream before they
+// are reported, see pull.go). Push and export are refused.
 func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (*pb.Subscription, error) {
 	project, id, err := parseSubscription(sub.GetName())
 	if err != nil {
@@ -34,8 +35,6 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 		return nil, invalid("subscription %s: push subscriptions are not supported", sub.GetName())
 	case sub.GetBigqueryConfig() != nil || sub.GetCloudStorageConfig() != nil || sub.GetBigtableConfig() != nil:
 		return nil, invalid("subscription %s: export subscriptions are not supported", sub.GetName())
-	case sub.GetEnableExactlyOnceDelivery():
-		return nil, invalid("subscription %s: exactly-once delivery is not supported", sub.GetName())
 	case len(sub.GetMessageTransforms()) > 0:
 		return nil, invalid("subscription %s: message transforms are not supported", sub.GetName())
 	case sub.GetDetached():
@@ -68,6 +67,7 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 		RetryPolicy:           retryPolicy(sub.GetRetryPolicy()),
 		Filter:                sub.GetFilter(),
 		ServiceSettings:       settings.encode(),
+		ExactlyOnce:           sub.GetEnableExactlyOnceDelivery(),
 	}
 	if err := s.delivery(&cfg); err != nil {
 		return nil, err
@@ -136,6 +136,8 @@ func (s *Server) subscriptionProto(ctx context.Context, sub *adapter.Subscriptio
 		Detached:              cfg.Detached,
 		Filter:                cfg.Filter,
 		State:                 pb.Subscription_ACTIVE,
+
+		EnableExactlyOnceDelivery: cfg.ExactlyOnce,
 	}
 	if cfg.TopicDeleted {
 		out.Topic = deletedTopic
@@ -163,8 +165,8 @@ func (s *Server) GetSubscription(ctx context.Context, req *pb.GetSubscriptionReq
 
 // UpdateSubscription changes the fields its update_mask names. The
 // topic, message ordering and filter cannot change after creation, as in
-// the service; push, export and exactly-once delivery are refused as at
-// creation.
+// the service; enable_exactly_once_delivery can be turned on and off, as
+// in the service; push and export are refused as at creation.
 func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscriptionRequest) (*pb.Subscription, error) {
 	in := req.GetSubscription()
 	name := in.GetName()
@@ -220,9 +222,11 @@ func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscript
 				return nil, invalid("update %s: push subscriptions are not supported", name)
 			}
 		case "enable_exactly_once_delivery":
-			if in.GetEnableExactlyOnceDelivery() {
-				return nil, invalid("update %s: exactly-once delivery is not supported", name)
-			}
+			// Streams see the change within a second (the dispatcher's
+			// refresh, at once through this sidecar): acks from then on
+			// are confirmed, or not.
+			eod := in.GetEnableExactlyOnceDelivery()
+			u.ExactlyOnce = &eod
 		case "enable_message_ordering":
 			return nil, invalid("update %s: enable_message_ordering cannot be changed after creation", name)
 		case "filter":

@@ -121,11 +121,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 			}
 			return float64(info.Consumers), true
 		})
+	schemas := pubsubapi.NewSchemaServer(b.Conn(), max(cfg.Replicas, 1), log)
 	api := pubsubapi.New(b, pubsubapi.Config{
 		MaxOutstandingMessages: cfg.MaxOutstandingMessages,
 		MaxStreams:             cfg.MaxStreams,
 		Delivery:               cfg.Delivery,
+		Replicas:               max(cfg.Replicas, 1),
 		Logger:                 log,
+		Schemas:                schemas, // Publish validates against them
 	})
 
 	var tlsConf *tls.Config
@@ -147,7 +150,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 	}
 	gs := grpc.NewServer(gopts...)
 	api.Register(gs)
-	schemas := pubsubapi.NewSchemaServer(b.Conn(), max(cfg.Replicas, 1), log)
 	schemas.Register(gs)
 	// Health: SERVING while NATS and JetStream answer (they do by now),
 	// NOT_SERVING while they do not, and from the start of shutdown.

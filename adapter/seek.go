@@ -1,0 +1,351 @@
+package adapter
+
+// Seek (Pub/Sub's Seek): every message of the subscription before a point
+// counts as acked, every message from it on as unacked, and is delivered
+// again.
+//
+// JetStream cannot move a consumer back while messages it delivered are
+// still in handlers without breaking one-in-flight per key: a handler may
+// still run a key's later message when the key's earlier one comes again.
+// So a seek starts a new epoch of consumers, and the epochs never overlap:
+//
+//  1. Seek stores Epoch+1, Settling and SeekSeq in the record, and pauses
+//     the old epoch's consumers: they deliver nothing more.
+//  2. Receivers that see the new epoch (supervise) hand no old message to a
+//     handler again: each is acked unseen, and a nack or hand-back of one is
+//     an ack (its fate is the seek's now). Messages already in handlers run
+//     to their end.
+//  3. Settling ends once no old consumer has a message delivered and
+//     unacked (settle): then the new epoch's consumers are created at
+//     SeekSeq, Settling is cleared, and the old consumers are deleted. A
+//     dead receiver's messages stay unacked on a paused consumer, so a
+//     pause lasts one ack deadline: after it the server redelivers them to
+//     a live receiver, which acks them, and the next settle pauses again.
+//  4. Receivers that see Settling cleared start again on the new epoch's
+//     consumers. Its deliver subject and consumer names are the epoch's
+//     own, so no receiver gets a new-epoch message before it knows the
+//     epoch.
+//
+// Settle runs under the key-discovery lease, so it never overlaps key
+// discovery (which stops when it sees the new epoch) or another settle.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// errEpochChanged ends one run of a receiver: the subscription was sought,
+// and the new epoch's consumers exist.
+var errEpochChanged = errors.New("the subscription was sought: receiving from the new epoch")
+
+// SeekToTime marks every message published before t as acked and every
+// message published at or after t as unacked: those are delivered again,
+// each key from its first message at or after t.
+func (s *Subscription) SeekToTime(ctx context.Context, t time.Time) error {
+	ctx, cancel := s.c.withTimeout(ctx)
+	defer cancel()
+	rec, err := s.load(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.c.checkTopic(ctx, rec); err != nil {
+		return err
+	}
+	topic := s.c.TopicInProject(rec.Topic, rec.TopicProject)
+	info, err := topic.info(ctx)
+	if err != nil {
+		return err
+	}
+	seq, err := topic.firstSequenceSince(ctx, t, info.State.LastSeq+1)
+	if err != nil {
+		return err
+	}
+	return s.SeekToSequence(ctx, seq)
+}
+
+// SeekToSequence marks every message of the topic before stream sequence
+// seq as acked, and every message from seq on as unacked.
+func (s *Subscription) SeekToSequence(ctx context.Context, seq uint64) error {
+	if seq == 0 {
+		seq = 1
+	}
+	ctx, cancel := s.c.withTimeout(ctx)
+	defer cancel()
+	rec, err := s.modify(ctx, "seek", func(rec *subRecord) bool {
+		rec.Epoch++
+		rec.Settling = true
+		rec.SeekSeq = seq
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	if rec.Detached {
+		return fmt.Errorf("%w: %s", ErrDetached, s)
+	}
+	stream, err := s.c.js.Stream(ctx, rec.stream())
+	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("%w: projects/%s/topics/%s", ErrTopicDeleted, rec.TopicProject, rec.Topic)
+		}
+		return err
+	}
+	if _, err := s.pauseOld(ctx, stream, rec); err != nil {
+		return fmt.Errorf("seek %s: %w", s, err)
+	}
+	// Settled at once when nothing is in flight; otherwise receivers
+	// settle it once their handlers are done.
+	if err := s.settle(ctx); err != nil {
+		return fmt.Errorf("seek %s: %w", s, err)
+	}
+	return nil
+}
+
+// FirstUnacked returns the stream sequence of the subscription's first
+// unacked message, and when it was published (the zero time when there is
+// none yet): every message before it is acked (a snapshot's point).
+// Messages after it may be acked too; seeking to it delivers them again.
+func (s *Subscription) FirstUnacked(ctx context.Context) (uint64, time.Time, error) {
+	seq, err := s.firstUnacked(ctx)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	ctx, cancel := s.c.withTimeout(ctx)
+	defer cancel()
+	rec, err := s.load(ctx)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	stream, err := s.c.js.Stream(ctx, rec.stream())
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	if seq > stream.CachedInfo().State.LastSeq {
+		return seq, time.Time{}, nil
+	}
+	m, err := stream.GetMsg(ctx, max(seq, stream.CachedInfo().State.FirstSeq))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return seq, time.Time{}, nil
+	}
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	return seq, m.Time, nil
+}
+
+func (s *Subscription) firstUnacked(ctx context.Context) (uint64, error) {
+	ctx, cancel := s.c.withTimeout(ctx)
+	defer cancel()
+	rec, err := s.load(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if rec.Settling {
+		return rec.SeekSeq, nil
+	}
+	stream, err := s.c.js.Stream(ctx, rec.stream())
+	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return 0, fmt.Errorf("%w: projects/%s/topics/%s", ErrTopicDeleted, rec.TopicProject, rec.Topic)
+		}
+		return 0, err
+	}
+	first := stream.CachedInfo().State.LastSeq + 1
+	if rec.Ordering && !rec.partitioned() {
+		// Keyed messages after the discovery floor may have no consumer
+		// yet: they are unacked.
+		kv, err := s.c.buckets(ctx)
+		if err != nil {
+			return 0, err
+		}
+		e, err := kv.Get(ctx, s.floorKey(rec.Epoch))
+		if err != nil {
+			return 0, fmt.Errorf("subscription %s: discovery floor: %w", s, err)
+		}
+		var floor uint64
+		if _, err := fmt.Sscan(string(e.Value()), &floor); err != nil {
+			return 0, fmt.Errorf("subscription %s: corrupt discovery floor %q", s, e.Value())
+		}
+		first = min(first, floor+1)
+	}
+	infos, err := s.c.consumerInfos(ctx, stream, rec)
+	if err != nil {
+		return 0, err
+	}
+	prefix := keyrouter.SubscriptionBase(rec.Project, rec.nameID()) + "_"
+	for _, info := range infos {
+		if !strings.HasPrefix(info.Name, prefix) {
+			continue // another epoch's, about to go
+		}
+		if info.NumAckPending == 0 && info.NumPending == 0 {
+			continue // everything it has is acked
+		}
+		first = min(first, info.AckFloor.Stream+1)
+	}
+	return max(first, rec.StartSeq), nil
+}
+
+// oldConsumers are the consumers of the subscription's earlier epochs.
+func (c *Client) oldConsumers(ctx context.Context, stream jetstream.Stream, rec *subRecord) ([]*jetstream.ConsumerInfo, error) {
+	infos, err := c.consumerInfos(ctx, stream, rec)
+	if err != nil {
+		return nil, err
+	}
+	prefix := keyrouter.SubscriptionBase(rec.Project, rec.nameID()) + "_"
+	old := infos[:0]
+	for _, info := range infos {
+		if !strings.HasPrefix(info.Name, prefix) {
+			old = append(old, info)
+		}
+	}
+	return old, nil
+}
+
+// pauseOld pauses the old epoch's consumers that are not paused, for one
+// ack deadline, and reports whether every old consumer has settled all it
+// delivered.
+func (s *Subscription) pauseOld(ctx context.Context, stream jetstream.Stream, rec *subRecord) (settled bool, err error) {
+	old, err := s.c.oldConsumers(ctx, stream, rec)
+	if err != nil {
+		return false, err
+	}
+	// At least a few seconds: a receiver learns of the seek within a
+	// second or so (supervise), and hands old messages to no handler from
+	// then on.
+	until := time.Now().Add(max(rec.ackDeadline(), minSeekPause))
+	err = forEachParallel(ctx, old, 16, func(ctx context.Context, info *jetstream.ConsumerInfo) error {
+		if info.Paused {
+			return nil
+		}
+		_, err := s.c.js.PauseConsumer(ctx, rec.stream(), info.Name, until)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	// Counted after the pause: nothing more is delivered meanwhile.
+	old, err = s.c.oldConsumers(ctx, stream, rec)
+	if err != nil {
+		return false, err
+	}
+	for _, info := range old {
+		if info.NumAckPending > 0 && !abandoned(info, rec.ackDeadline()) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// minSeekPause is the shortest pause of an old epoch's consumer.
+const minSeekPause = 5 * time.Second
+
+// abandoned reports whether the messages an old consumer has out are held
+// by nobody: no receiver is attached to it (they stay attached until the
+// seek settles), and nothing was delivered for an ack deadline, so no
+// holder can be extending them.
+func abandoned(info *jetstream.ConsumerInfo, ackDeadline time.Duration) bool {
+	attached := info.PushBound || info.NumWaiting > 0
+	last := info.Delivered.Last
+	return !attached && last != nil && time.Since(*last) > ackDeadline
+}
+
+// settle ends the settling of a seek if the old epoch has nothing in
+// flight: it creates the new epoch's consumers, clears Settling and deletes
+// the old consumers. It does nothing when another process holds the
+// key-discovery lease (that process settles), or there is nothing to
+// settle.
+func (s *Subscription) settle(ctx context.Context) error {
+	rec, err := s.load(ctx)
+	if err != nil || !rec.Settling {
+		return err
+	}
+	subs, leases, ttl, err := s.c.registry(ctx)
+	if err != nil {
+		return err
+	}
+	l := &lease{kv: leases, key: s.kvKey(), id: "seek-" + uuid.NewString(), ttl: ttl, timeout: s.c.cfg.apiTimeout}
+	ok, err := l.acquire(ctx)
+	if err != nil || !ok {
+		return err
+	}
+	defer l.release()
+	lctx, cancel, err := l.opContext(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if rec, err = s.load(lctx); err != nil || !rec.Settling {
+		return err
+	}
+	stream, err := s.c.js.Stream(lctx, rec.stream())
+	if err != nil {
+		return err
+	}
+	settled, err := s.pauseOld(lctx, stream, rec)
+	if err != nil || !settled {
+		return err
+	}
+	next := *rec
+	next.StartSeq = max(rec.SeekSeq, 1)
+	if err := s.createConsumers(lctx, subs, &next); err != nil {
+		return fmt.Errorf("create the consumers of epoch %d: %w", rec.Epoch, err)
+	}
+	epoch := rec.Epoch
+	if _, err := s.modify(lctx, "seek", func(r *subRecord) bool {
+		if r.Epoch != epoch || !r.Settling {
+			return false // sought again meanwhile: that seek settles
+		}
+		r.Settling = false
+		return true
+	}); err != nil {
+		return err
+	}
+	old, err := s.c.oldConsumers(lctx, stream, rec)
+	if err != nil {
+		return err
+	}
+	if err := forEachParallel(lctx, old, 16, func(ctx context.Context, info *jetstream.ConsumerInfo) error {
+		err := stream.DeleteConsumer(ctx, info.Name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil
+		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("delete the consumers of earlier epochs: %w", err)
+	}
+	s.purgeFloors(lctx, subs, &epoch)
+	s.c.cfg.logger.Info("seek settled", "subscription", s.String(), "epoch", epoch, "from_sequence", rec.SeekSeq)
+	return nil
+}
+
+// purgeFloors removes the key-discovery floors of the subscription's
+// epochs, but for keep's.
+func (s *Subscription) purgeFloors(ctx context.Context, kv jetstream.KeyValue, keep *uint64) {
+	var except string
+	if keep != nil {
+		except = s.floorKey(*keep)
+	}
+	if base := s.floorKey(0); base != except {
+		_ = kv.Purge(ctx, base)
+	}
+	keys, err := kv.ListKeysFiltered(ctx, s.floorKey(0)+".>")
+	if err != nil {
+		return
+	}
+	for k := range keys.Keys() {
+		if k != except {
+			_ = kv.Purge(ctx, k)
+		}
+	}
+}
