@@ -80,6 +80,9 @@ func (s *Subscription) SeekToSequence(ctx context.Context, seq uint64) error {
 	ctx, cancel := s.c.withTimeout(ctx)
 	defer cancel()
 	rec, err := s.modify(ctx, "seek", func(rec *subRecord) bool {
+		if rec.Detached {
+			return false
+		}
 		rec.Epoch++
 		rec.Settling = true
 		rec.SeekSeq = seq
@@ -174,7 +177,11 @@ func (s *Subscription) firstUnacked(ctx context.Context) (uint64, error) {
 		if _, err := fmt.Sscan(string(e.Value()), &floor); err != nil {
 			return 0, fmt.Errorf("subscription %s: corrupt discovery floor %q", s, e.Value())
 		}
-		first = min(first, floor+1)
+		infos, err := s.c.consumerInfos(ctx, stream, rec)
+		if err != nil {
+			return 0, err
+		}
+		first = min(first, s.firstUncovered(ctx, stream, rec, floor+1, infos))
 	}
 	infos, err := s.c.consumerInfos(ctx, stream, rec)
 	if err != nil {
@@ -191,6 +198,35 @@ func (s *Subscription) firstUnacked(ctx context.Context) (uint64, error) {
 		first = min(first, info.AckFloor.Stream+1)
 	}
 	return max(first, rec.StartSeq), nil
+}
+
+// maxCoverScan bounds the messages firstUncovered looks at.
+const maxCoverScan = 10_000
+
+// firstUncovered returns the first keyed message from seq on that no key
+// consumer covers (not discovered yet: unacked), for per-key delivery. The
+// stored discovery floor is written now and then, so the messages after it
+// are mostly covered: a key's consumer that exists covers every message of
+// the key after the floor. Past maxCoverScan messages it gives up, and
+// returns where it got to (a snapshot then goes back further than needed).
+func (s *Subscription) firstUncovered(ctx context.Context, stream jetstream.Stream, rec *subRecord, seq uint64, infos []*jetstream.ConsumerInfo) uint64 {
+	live := make(map[string]bool, len(infos))
+	for _, info := range infos {
+		live[info.Name] = true
+	}
+	filter := keyrouter.KeyedFilter(rec.TopicProject, rec.Topic)
+	for range maxCoverScan {
+		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if err != nil {
+			return seq // none (ErrMsgNotFound: seq is past the last), or unknown
+		}
+		token, ok := keyrouter.TokenOfSubject(m.Subject)
+		if !ok || !live[keyrouter.KeyConsumer(rec.Project, rec.nameID(), token)] {
+			return m.Sequence
+		}
+		seq = m.Sequence + 1
+	}
+	return seq
 }
 
 // oldConsumers are the consumers of the subscription's earlier epochs.

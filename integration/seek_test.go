@@ -73,7 +73,7 @@ func (l *seekLog) deliveredSince(from, to, since time.Time) (total, again int, m
 }
 
 // Seek under load: 100 keys stream to two receivers; the subscription is
-// sought back 10 s, then forward to the present. The checker sees every
+// sought back 10 s, then (once everything is acked) forward to the present. The checker sees every
 // delivery: no key ever has two messages in handlers, each key restarts
 // from its first message after the seek point and goes on in order, every
 // message published after the seek point is delivered again, and none
@@ -90,30 +90,38 @@ func TestSeekUnderLoadKeepsOrder(t *testing.T) {
 	receivers = append(receivers, startReceive(t, client2.Subscription("seek-sub"), log.handler("seek-sub")))
 
 	const keys = 100
+	round := func(i int) error {
+		ctx := context.Background()
+		results := make([]*adapter.PublishResult, keys)
+		for k := range keys {
+			key := fmt.Sprintf("key-%d", k)
+			c.Published(key, i)
+			results[k] = topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key})
+		}
+		for _, r := range results {
+			if _, err := r.Get(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	stop := make(chan struct{})
+	rounds := make(chan int, 1)
 	published := make(chan error, 1)
 	go func() {
-		published <- func() error {
-			ctx := context.Background()
-			for i := 0; ; i++ {
-				results := make([]*adapter.PublishResult, keys)
-				for k := range keys {
-					key := fmt.Sprintf("key-%d", k)
-					c.Published(key, i)
-					results[k] = topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key})
-				}
-				for _, r := range results {
-					if _, err := r.Get(ctx); err != nil {
-						return err
-					}
-				}
-				select {
-				case <-stop:
-					return nil
-				case <-time.After(250 * time.Millisecond):
-				}
+		for i := 0; ; i++ {
+			if err := round(i); err != nil {
+				published <- err
+				return
 			}
-		}()
+			select {
+			case <-stop:
+				rounds <- i + 1
+				published <- nil
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
 	}()
 	waitFor := func(d time.Duration) {
 		select {
@@ -122,7 +130,13 @@ func TestSeekUnderLoadKeepsOrder(t *testing.T) {
 		case <-time.After(d):
 		}
 	}
+	complete := func() {
+		t.Helper()
+		testutil.Eventually(t, 90*time.Second, func() bool { return c.Complete("seek-sub") },
+			"not everything acked: %s", func() string { return c.Missing("seek-sub") })
+	}
 
+	// Seek back 10 s while messages stream in.
 	waitFor(13 * time.Second)
 	back := time.Now().Add(-10 * time.Second)
 	seekCall := time.Now()
@@ -132,19 +146,38 @@ func TestSeekUnderLoadKeepsOrder(t *testing.T) {
 	sought := time.Now()
 	t.Logf("seek back took %v", sought.Sub(seekCall))
 	waitFor(4 * time.Second)
+	close(stop)
+	if err := <-published; err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	complete()
+	// Every message published from the seek point until the seek came
+	// again after it, and nothing published well before the point.
+	total, again, missing := log.deliveredSince(back, seekCall, sought)
+	if total == 0 || again != total {
+		t.Errorf("of %d messages published in the 10 s before the seek, %d came again after it; not: %v", total, again, missing)
+	}
+	total, again, missing = log.deliveredSince(time.Time{}, back.Add(-2*time.Second), sought.Add(2*time.Second))
+	if total == 0 || again != 0 {
+		t.Errorf("of %d messages published before the seek point, %d came again after the seek: %v", total, again, missing)
+	}
+
+	// Seek forward to now: nothing comes again, and what is published
+	// next comes once.
 	forward := time.Now()
 	if err := sub.SeekToTime(context.Background(), forward); err != nil {
 		t.Fatalf("SeekToTime(now): %v", err)
 	}
 	forwardDone := time.Now()
-	waitFor(2 * time.Second)
-	close(stop)
-	if err := <-published; err != nil {
+	if err := round(<-rounds); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
+	complete()
+	total, again, missing = log.deliveredSince(time.Time{}, forward, forwardDone)
+	if total == 0 || again != 0 {
+		t.Errorf("of %d messages published before the forward seek, %d came again after it: %v", total, again, missing)
+	}
 
-	testutil.Eventually(t, 90*time.Second, func() bool { return c.Complete("seek-sub") },
-		"not everything acked: %s", func() string { return c.Missing("seek-sub") })
 	if v := c.Violations(); len(v) > 0 {
 		t.Fatalf("%d ordering violations, first: %s", len(v), strings.Join(v, "\n"))
 	}
@@ -152,23 +185,6 @@ func TestSeekUnderLoadKeepsOrder(t *testing.T) {
 		if err, ended := r.wait(0); ended {
 			t.Errorf("receiver %d ended across the seeks: %v", i, err)
 		}
-	}
-	// Every message published from the seek point until the seek came
-	// again after it (unless the forward seek acked it first: only those
-	// published in the seek-back window's last seconds could still wait).
-	total, again, missing := log.deliveredSince(back, seekCall, sought)
-	if total == 0 || again != total {
-		t.Errorf("of %d messages published in the 10 s before the seek, %d came again after it; not: %v", total, again, missing)
-	}
-	// Nothing published well before the seek point came again.
-	total, again, missing = log.deliveredSince(time.Time{}, back.Add(-2*time.Second), sought.Add(2*time.Second))
-	if total == 0 || again != 0 {
-		t.Errorf("of %d messages published before the seek point, %d came again after the seek: %v", total, again, missing)
-	}
-	// After the forward seek, nothing published well before it came again.
-	total, again, missing = log.deliveredSince(time.Time{}, forward.Add(-2*time.Second), forwardDone.Add(2*time.Second))
-	if again != 0 {
-		t.Errorf("of %d messages published before the forward seek, %d came again after it: %v", total, again, missing)
 	}
 	st := c.Stats("seek-sub")
 	t.Logf("%d deliveries, %d redeliveries, %d rewinds, %d acks", st.Deliveries, st.Redeliveries, st.Rewinds, st.Acks)
