@@ -410,7 +410,8 @@ func (s *Subscription) String() string {
 	return "projects/" + s.c.project + "/subscriptions/" + s.id
 }
 
-func (s *Subscription) kvKey() string    { return keyrouter.KVKey(s.c.project, s.id) }
+func (s *Subscription) kvKey() string { return keyrouter.KVKey(s.c.project, s.id) }
+
 // floorKey is where key discovery of the epoch's consumers keeps its floor.
 func (s *Subscription) floorKey(epoch uint64) string {
 	if epoch == 0 {
