@@ -33,6 +33,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -94,11 +95,8 @@ func (s *Subscription) SeekToSequence(ctx context.Context, seq uint64) error {
 	if rec.Detached {
 		return fmt.Errorf("%w: %s", ErrDetached, s)
 	}
-	stream, err := s.c.js.Stream(ctx, rec.stream())
+	stream, err := s.c.topicStream(ctx, rec)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("%w: projects/%s/topics/%s", ErrTopicDeleted, rec.TopicProject, rec.Topic)
-		}
 		return err
 	}
 	if _, err := s.pauseOld(ctx, stream, rec); err != nil {
@@ -117,24 +115,25 @@ func (s *Subscription) SeekToSequence(ctx context.Context, seq uint64) error {
 // none yet): every message before it is acked (a snapshot's point).
 // Messages after it may be acked too; seeking to it delivers them again.
 func (s *Subscription) FirstUnacked(ctx context.Context) (uint64, time.Time, error) {
-	seq, err := s.firstUnacked(ctx)
-	if err != nil {
-		return 0, time.Time{}, err
-	}
 	ctx, cancel := s.c.withTimeout(ctx)
 	defer cancel()
 	rec, err := s.load(ctx)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	stream, err := s.c.js.Stream(ctx, rec.stream())
+	stream, err := s.c.topicStream(ctx, rec)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	if seq > stream.CachedInfo().State.LastSeq {
-		return seq, time.Time{}, nil
+	seq, err := s.firstUnacked(ctx, rec, stream)
+	if err != nil {
+		return 0, time.Time{}, err
 	}
-	m, err := stream.GetMsg(ctx, max(seq, stream.CachedInfo().State.FirstSeq))
+	state := stream.CachedInfo().State
+	if seq > state.LastSeq {
+		return seq, time.Time{}, nil // nothing unacked yet
+	}
+	m, err := stream.GetMsg(ctx, max(seq, state.FirstSeq))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return seq, time.Time{}, nil
 	}
@@ -144,21 +143,12 @@ func (s *Subscription) FirstUnacked(ctx context.Context) (uint64, time.Time, err
 	return seq, m.Time, nil
 }
 
-func (s *Subscription) firstUnacked(ctx context.Context) (uint64, error) {
-	ctx, cancel := s.c.withTimeout(ctx)
-	defer cancel()
-	rec, err := s.load(ctx)
-	if err != nil {
-		return 0, err
-	}
+func (s *Subscription) firstUnacked(ctx context.Context, rec *subRecord, stream jetstream.Stream) (uint64, error) {
 	if rec.Settling {
 		return rec.SeekSeq, nil
 	}
-	stream, err := s.c.js.Stream(ctx, rec.stream())
+	infos, err := s.c.consumerInfos(ctx, stream, rec)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return 0, fmt.Errorf("%w: projects/%s/topics/%s", ErrTopicDeleted, rec.TopicProject, rec.Topic)
-		}
 		return 0, err
 	}
 	first := stream.CachedInfo().State.LastSeq + 1
@@ -173,19 +163,11 @@ func (s *Subscription) firstUnacked(ctx context.Context) (uint64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("subscription %s: discovery floor: %w", s, err)
 		}
-		var floor uint64
-		if _, err := fmt.Sscan(string(e.Value()), &floor); err != nil {
+		floor, err := strconv.ParseUint(string(e.Value()), 10, 64)
+		if err != nil {
 			return 0, fmt.Errorf("subscription %s: corrupt discovery floor %q", s, e.Value())
 		}
-		infos, err := s.c.consumerInfos(ctx, stream, rec)
-		if err != nil {
-			return 0, err
-		}
 		first = min(first, s.firstUncovered(ctx, stream, rec, floor+1, infos))
-	}
-	infos, err := s.c.consumerInfos(ctx, stream, rec)
-	if err != nil {
-		return 0, err
 	}
 	prefix := keyrouter.SubscriptionBase(rec.Project, rec.nameID()) + "_"
 	for _, info := range infos {
@@ -198,6 +180,16 @@ func (s *Subscription) firstUnacked(ctx context.Context) (uint64, error) {
 		first = min(first, info.AckFloor.Stream+1)
 	}
 	return max(first, rec.StartSeq), nil
+}
+
+// topicStream is the subscription's topic stream; ErrTopicDeleted when it
+// is gone.
+func (c *Client) topicStream(ctx context.Context, rec *subRecord) (jetstream.Stream, error) {
+	stream, err := c.js.Stream(ctx, rec.stream())
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("%w: projects/%s/topics/%s", ErrTopicDeleted, rec.TopicProject, rec.Topic)
+	}
+	return stream, err
 }
 
 // maxCoverScan bounds the messages firstUncovered looks at.

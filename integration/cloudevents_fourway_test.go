@@ -395,7 +395,7 @@ func fromPubSubBinding(attrs map[string]string, data []byte) (*event.Event, erro
 		}
 		return &e, nil
 	}
-	e := event.New(attrs["ce-specversion"])
+	fields := map[string]string{}
 	for k, v := range attrs {
 		name, isCE := strings.CutPrefix(k, "ce-")
 		switch {
@@ -406,21 +406,36 @@ func fromPubSubBinding(attrs map[string]string, data []byte) (*event.Event, erro
 			if ct, ok := attrs["content-type"]; ok && ct != v {
 				return nil, fmt.Errorf("%s %q and content-type %q differ", k, v, ct)
 			}
-			e.SetDataContentType(v)
+			fields["datacontenttype"] = v
 		case !isCE:
 			return nil, fmt.Errorf("attribute %s=%q is not part of the event", k, v)
-		case name == "specversion":
-		case name == "id":
+		default:
+			fields[name] = v
+		}
+	}
+	return binaryEvent(fields, data)
+}
+
+// binaryEvent builds the event a binary-mode message carries: fields are
+// its context attributes and extensions by name, data its payload.
+func binaryEvent(fields map[string]string, data []byte) (*event.Event, error) {
+	e := event.New(fields["specversion"])
+	for name, v := range fields {
+		switch name {
+		case "specversion":
+		case "id":
 			e.SetID(v)
-		case name == "source":
+		case "source":
 			e.SetSource(v)
-		case name == "type":
+		case "type":
 			e.SetType(v)
-		case name == "subject":
+		case "subject":
 			e.SetSubject(v)
-		case name == "dataschema":
+		case "dataschema":
 			e.SetDataSchema(v)
-		case name == "time":
+		case "datacontenttype":
+			e.SetDataContentType(v)
+		case "time":
 			t, err := types.ParseTime(v)
 			if err != nil {
 				return nil, fmt.Errorf("ce-time %q: %v", v, err)
@@ -470,47 +485,14 @@ func fromNATSBinding(h nats.Header, data []byte) (*event.Event, error) {
 			attrs["datacontenttype"] = v
 		}
 	}
-	sv, binary := attrs["specversion"]
-	if !binary {
+	if _, binary := attrs["specversion"]; !binary {
 		e := event.New()
 		if err := json.Unmarshal(data, &e); err != nil {
 			return nil, err
 		}
 		return &e, nil
 	}
-	e := event.New(sv)
-	for name, v := range attrs {
-		switch name {
-		case "specversion":
-		case "id":
-			e.SetID(v)
-		case "source":
-			e.SetSource(v)
-		case "type":
-			e.SetType(v)
-		case "subject":
-			e.SetSubject(v)
-		case "dataschema":
-			e.SetDataSchema(v)
-		case "datacontenttype":
-			e.SetDataContentType(v)
-		case "time":
-			t, err := types.ParseTime(v)
-			if err != nil {
-				return nil, fmt.Errorf("ce-time %q: %v", v, err)
-			}
-			e.SetTime(t)
-		default:
-			e.SetExtension(name, v)
-		}
-	}
-	if len(data) > 0 {
-		e.DataEncoded = data
-	}
-	if err := e.Validate(); err != nil {
-		return nil, err
-	}
-	return &e, nil
+	return binaryEvent(attrs, data)
 }
 
 // eventDiff lists how got differs from want, attribute by attribute, after

@@ -86,8 +86,7 @@ type SchemaServer struct {
 	replicas int
 	log      *slog.Logger
 
-	bucketMu sync.Mutex // held while opening the bucket
-	kv       jetstream.KeyValue
+	kv lazyBucket
 
 	mu       sync.Mutex                // guards the caches
 	records  map[string]cachedRecord   // by schema name, for ValidateForTopic
@@ -115,6 +114,12 @@ func NewSchemaServer(nc *nats.Conn, replicas int, log *slog.Logger) *SchemaServe
 	}
 	return &SchemaServer{
 		js: js, jsErr: err, replicas: max(replicas, 1), log: log,
+		kv: lazyBucket{cfg: jetstream.KeyValueConfig{
+			Bucket:      schemasBucket,
+			Description: "jetorder Pub/Sub schemas, one record per schema with every revision",
+			Storage:     jetstream.FileStorage,
+			Replicas:    max(replicas, 1),
+		}},
 		records:  make(map[string]cachedRecord),
 		compiled: make(map[string]*schema.Schema),
 	}
@@ -340,30 +345,7 @@ func (s *SchemaServer) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	if s.jsErr != nil {
 		return nil, toStatus(s.jsErr)
 	}
-	s.bucketMu.Lock()
-	defer s.bucketMu.Unlock()
-	if s.kv != nil {
-		return s.kv, nil
-	}
-	kv, err := s.js.KeyValue(ctx, schemasBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = s.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      schemasBucket,
-			Description: "jetorder Pub/Sub schemas, one record per schema with every revision",
-			Storage:     jetstream.FileStorage,
-			Replicas:    s.replicas,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = s.js.KeyValue(ctx, schemasBucket) // another sidecar made it first
-		} else if err == nil {
-			s.log.Debug("created the schema bucket", "bucket", schemasBucket, "replicas", s.replicas)
-		}
-	}
-	if err != nil {
-		return nil, toStatus(fmt.Errorf("open bucket %s: %w", schemasBucket, err))
-	}
-	s.kv = kv
-	return kv, nil
+	return s.kv.open(ctx, s.js)
 }
 
 // load reads a schema's record; a missing schema is NOT_FOUND.

@@ -105,7 +105,11 @@ func New(b *broker.Broker, cfg Config) *Server {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	s := &Server{b: b, cfg: cfg, log: cfg.Logger, ackKey: key, dispatchers: make(map[string]*dispatcher)}
-	s.snapshots.s = s
+	var js jetstream.JetStream // nil without a connection: the snapshot RPCs fail
+	if nc := b.Conn(); nc != nil {
+		js, _ = jetstream.New(nc)
+	}
+	s.snapshots = newSnapshotStore(js, cfg.Replicas)
 	b.Metrics.GaugeFunc("jetorder_active_keys", "Ordering keys with a message held by this sidecar (with a client or waiting for one).",
 		func() (float64, bool) { return float64(s.activeKeys()), true })
 	b.Metrics.GaugeFunc("jetorder_max_delivery_attempt", "The highest delivery attempt among messages handed to subscribers now: "+

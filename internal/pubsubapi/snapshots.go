@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
@@ -49,40 +47,26 @@ type snapshotRecord struct {
 	Labels       map[string]string `json:"labels,omitempty"`
 }
 
-// snapshots opens JO_SNAPSHOTS, creating it on first use.
+// snapshotStore keeps the snapshots in JO_SNAPSHOTS.
 type snapshotStore struct {
-	s  *Server
-	mu sync.Mutex
-	kv jetstream.KeyValue
+	js jetstream.JetStream
+	kv lazyBucket
+}
+
+func newSnapshotStore(js jetstream.JetStream, replicas int) snapshotStore {
+	return snapshotStore{js: js, kv: lazyBucket{cfg: jetstream.KeyValueConfig{
+		Bucket:      snapshotsBucket,
+		Description: "jetorder Pub/Sub snapshots: a point of a topic's stream each",
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+	}}}
 }
 
 func (st *snapshotStore) bucket(ctx context.Context) (jetstream.KeyValue, error) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.kv != nil {
-		return st.kv, nil
+	if st.js == nil {
+		return nil, status.Error(codes.Unavailable, "no NATS connection")
 	}
-	js, err := jetstream.New(st.s.b.Conn())
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	kv, err := js.KeyValue(ctx, snapshotsBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      snapshotsBucket,
-			Description: "jetorder Pub/Sub snapshots: a point of a topic's stream each",
-			Storage:     jetstream.FileStorage,
-			Replicas:    max(st.s.cfg.Replicas, 1),
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = js.KeyValue(ctx, snapshotsBucket) // another sidecar made it first
-		}
-	}
-	if err != nil {
-		return nil, toStatus(fmt.Errorf("open bucket %s: %w", snapshotsBucket, err))
-	}
-	st.kv = kv
-	return kv, nil
+	return st.kv.open(ctx, st.js)
 }
 
 func snapshotKey(project, id string) string { return snapshotKeyPrefix + keyrouter.KVKey(project, id) }
@@ -346,12 +330,11 @@ func (s *Server) Seek(ctx context.Context, req *pb.SeekRequest) (*pb.SeekRespons
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if d := s.dispatcherOf(req.GetSubscription()); d != nil {
-		d.reload(ctx, sub)
-	}
 	return &pb.SeekResponse{}, nil
 }
 
+// subscriptionTopic is the topic a subscription names: _deleted-topic_
+// once its topic was deleted, as in the service.
 func subscriptionTopic(cfg adapter.SubscriptionConfig) string {
 	if cfg.TopicDeleted {
 		return deletedTopic

@@ -128,7 +128,7 @@ func (s *Server) subscriptionProto(ctx context.Context, sub *adapter.Subscriptio
 	}
 	out := &pb.Subscription{
 		Name:                  sub.String(),
-		Topic:                 cfg.Topic.String(),
+		Topic:                 subscriptionTopic(cfg),
 		PushConfig:            &pb.PushConfig{},
 		AckDeadlineSeconds:    int32(cfg.AckDeadline / time.Second),
 		EnableMessageOrdering: cfg.EnableMessageOrdering,
@@ -139,10 +139,10 @@ func (s *Server) subscriptionProto(ctx context.Context, sub *adapter.Subscriptio
 
 		EnableExactlyOnceDelivery: cfg.ExactlyOnce,
 	}
-	if cfg.TopicDeleted {
-		out.Topic = deletedTopic
-	} else if tcfg, err := cfg.Topic.Config(ctx); err == nil && tcfg.RetentionDuration > 0 {
-		out.TopicMessageRetentionDuration = durationpb.New(tcfg.RetentionDuration)
+	if !cfg.TopicDeleted {
+		if tcfg, err := cfg.Topic.Config(ctx); err == nil && tcfg.RetentionDuration > 0 {
+			out.TopicMessageRetentionDuration = durationpb.New(tcfg.RetentionDuration)
+		}
 	}
 	if p := cfg.DeadLetterPolicy; p != nil {
 		out.DeadLetterPolicy = &pb.DeadLetterPolicy{DeadLetterTopic: p.Topic.String(), MaxDeliveryAttempts: int32(p.MaxDeliveryAttempts)}
