@@ -9,8 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"cloud.google.com/go/pubsub/v2"
+
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
+	"github.com/jetorder/jetorder/internal/broker"
 )
 
 // didcommStream is the message stream of the tracker runs: msgs messages
@@ -105,52 +108,66 @@ func (b *bench) didcommTracker(threads, msgs int) {
 	runtime.KeepAlive(tr)
 }
 
+// didcommPayloads are msgs plaintext DIDComm messages over keys threads,
+// one sender per thread, in order.
+func didcommPayloads(keys, msgs int) [][]byte {
+	payloads := make([][]byte, msgs)
+	orders := make([]uint64, keys)
+	for i := range payloads {
+		k := i % keys
+		orders[k]++
+		payloads[i] = fmt.Appendf(nil, `{"id":"m-%d","type":"https://example.org/bench/1.0/tick","thid":"thread-%d","from":"did:ex:sender","sender_order":%d,"body":{}}`, i, k, orders[k])
+	}
+	return payloads
+}
+
+// timeDIDComm fills an ordered topic with payloads, one thread per
+// ordering key, and times receive until every message is counted, from
+// the first. labels are the subscription's.
+func (b *bench) timeDIDComm(keys int, payloads [][]byte, labels map[string]string, receive func(context.Context, *adapter.Subscription, func()) error) float64 {
+	ctx := context.Background()
+	topicID, _, sub, cleanup := b.orderedTopic("didcomm")
+	defer cleanup()
+	if labels != nil {
+		_, err := sub.Update(ctx, adapter.SubscriptionUpdate{Labels: labels})
+		check(err)
+	}
+	subject, hdr := keyed(topicID, "thread", keys)
+	b.fillData(subject, hdr, payloads)
+	var got, first atomic.Int64
+	done := make(chan struct{})
+	var once sync.Once
+	rctx, cancel := context.WithCancel(ctx)
+	recvDone := make(chan error, 1)
+	go func() {
+		recvDone <- receive(rctx, sub, func() {
+			first.CompareAndSwap(0, time.Now().UnixNano())
+			if got.Add(1) == int64(len(payloads)) {
+				once.Do(func() { close(done) })
+			}
+		})
+	}()
+	<-done
+	rate := float64(len(payloads)-1) / time.Since(time.Unix(0, first.Load())).Seconds()
+	cancel()
+	check(<-recvDone)
+	return rate
+}
+
 // didcommReceive times didcomm.Receive (tracker state in KV, one update on
 // delivery and one on ack) against the adapter's Receive and raw JetStream
 // on the same messages: plaintext DIDComm messages over keys threads, one
 // thread per ordering key.
 func (b *bench) didcommReceive(keys, msgs int) (raw, plain, tracked float64) {
 	raw = b.raw(b.name("raw-didcomm"), msgs, 1000)
-	ctx := context.Background()
-	payloads := make([][]byte, msgs)
-	orders := make([]uint64, keys)
-	for i := range payloads {
-		k := i % keys
-		orders[k]++
-		data := fmt.Appendf(nil, `{"id":"m-%d","type":"https://example.org/bench/1.0/tick","thid":"thread-%d","from":"did:ex:sender","sender_order":%d,"body":{}}`, i, k, orders[k])
-		payloads[i] = data
-	}
-	run := func(receive func(context.Context, *adapter.Subscription, func()) error) float64 {
-		topicID, _, sub, cleanup := b.orderedTopic("didcomm")
-		defer cleanup()
-		subject, hdr := keyed(topicID, "thread", keys)
-		b.fillData(subject, hdr, payloads)
-		var got, first atomic.Int64
-		done := make(chan struct{})
-		var once sync.Once
-		rctx, cancel := context.WithCancel(ctx)
-		recvDone := make(chan error, 1)
-		go func() {
-			recvDone <- receive(rctx, sub, func() {
-				first.CompareAndSwap(0, time.Now().UnixNano())
-				if got.Add(1) == int64(msgs) {
-					once.Do(func() { close(done) })
-				}
-			})
-		}()
-		<-done
-		rate := float64(msgs-1) / time.Since(time.Unix(0, first.Load())).Seconds()
-		cancel()
-		check(<-recvDone)
-		return rate
-	}
-	plain = run(func(ctx context.Context, sub *adapter.Subscription, count func()) error {
+	payloads := didcommPayloads(keys, msgs)
+	plain = b.timeDIDComm(keys, payloads, nil, func(ctx context.Context, sub *adapter.Subscription, count func()) error {
 		return sub.Receive(ctx, func(_ context.Context, m *adapter.Message) {
 			m.Ack()
 			count()
 		})
 	})
-	tracked = run(func(ctx context.Context, sub *adapter.Subscription, count func()) error {
+	tracked = b.timeDIDComm(keys, payloads, nil, func(ctx context.Context, sub *adapter.Subscription, count func()) error {
 		tr, err := didcomm.OpenSubscriptionTracker(ctx, sub)
 		check(err)
 		return didcomm.Receive(ctx, sub, tr, func(_ context.Context, d *didcomm.Delivery) {
@@ -162,4 +179,25 @@ func (b *bench) didcommReceive(keys, msgs int) (raw, plain, tracked float64) {
 		})
 	})
 	return raw, plain, tracked
+}
+
+// didcommSidecar times the same messages through the sidecar with Google's
+// Go client, on a subscription without and with the label that has the
+// sidecar track DIDComm sequencing.
+func (s *sidecarBench) didcommSidecar(keys, msgs int) (untracked, tracked float64) {
+	payloads := didcommPayloads(keys, msgs)
+	receive := func(wantTracked bool) func(context.Context, *adapter.Subscription, func()) error {
+		return func(ctx context.Context, sub *adapter.Subscription, count func()) error {
+			return s.client.Subscriber(sub.ID()).Receive(ctx, func(_ context.Context, m *pubsub.Message) {
+				if _, ok := m.Attributes["jetorder-didcomm-received-orders"]; ok != wantTracked {
+					check(fmt.Errorf("message tracked: %v, want %v", ok, wantTracked))
+				}
+				m.Ack()
+				count()
+			})
+		}
+	}
+	untracked = s.b.timeDIDComm(keys, payloads, nil, receive(false))
+	tracked = s.b.timeDIDComm(keys, payloads, map[string]string{broker.LabelDIDComm: broker.DIDCommTrack}, receive(true))
+	return untracked, tracked
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +29,19 @@ const (
 	HeaderSenderOrder    = "Didcomm-Sender-Order"
 	HeaderSentCount      = "Didcomm-Sent-Count"
 	HeaderReceivedOrders = "Didcomm-Received-Orders"
+)
+
+// Pub/Sub attribute names that carry the sequencing headers beside a
+// payload that is not a DIDComm plaintext message, on messages published
+// through the sidecar: the NATS header names lower-cased, read in any case,
+// with plain UTF-8 values (attributes need no percent-encoding).
+const (
+	AttrID             = "didcomm-id"
+	AttrThread         = "didcomm-thid"
+	AttrFrom           = "didcomm-from"
+	AttrSenderOrder    = "didcomm-sender-order"
+	AttrSentCount      = "didcomm-sent-count"
+	AttrReceivedOrders = "didcomm-received-orders"
 )
 
 // ErrNotDIDComm is returned by Read for a message that carries neither
@@ -110,11 +122,15 @@ type ReceivedOrder struct {
 }
 
 // Read reads the sequencing headers of a delivered message: from its
-// Didcomm- NATS headers when it has any, otherwise from its payload when
-// that is a DIDComm plaintext JSON message. It returns ErrNotDIDComm for
-// anything else.
+// Didcomm- NATS headers when it has any, otherwise from its didcomm-*
+// attributes when it has any, otherwise from its payload when that is a
+// DIDComm plaintext JSON message. It returns ErrNotDIDComm for anything
+// else.
 func Read(m *adapter.Message) (Headers, error) {
 	if h, ok, err := ReadHeader(m.Header); ok || err != nil {
+		return h, err
+	}
+	if h, ok, err := ReadAttributes(m.Attributes); ok || err != nil {
 		return h, err
 	}
 	strict := m.Header.Get("Content-Type") == PlaintextMediaType
@@ -177,9 +193,43 @@ func WritePlaintext(data []byte, h Headers) ([]byte, error) {
 // ReadHeader reads the sequencing headers from Didcomm- NATS headers. ok
 // is false when there are none.
 func ReadHeader(nh nats.Header) (h Headers, ok bool, err error) {
-	nh = canonicalDIDCommHeaders(nh)
-	for _, name := range []string{HeaderID, HeaderThread, HeaderFrom, HeaderSenderOrder, HeaderSentCount, HeaderReceivedOrders} {
-		if _, present := nh[name]; present {
+	return readFields(HeaderID, func(name string) (string, bool) {
+		if vals, ok := nh[name]; ok {
+			return firstOf(vals), true
+		}
+		for n, vals := range nh {
+			if strings.EqualFold(n, name) {
+				return firstOf(vals), true
+			}
+		}
+		return "", false
+	}, keyrouter.DecodeKey)
+}
+
+// ReadAttributes reads the sequencing headers from the didcomm-* attributes
+// of a Pub/Sub message (AttrID, ...). ok is false when there are none.
+func ReadAttributes(attrs map[string]string) (h Headers, ok bool, err error) {
+	return readFields(AttrID, func(name string) (string, bool) {
+		if v, ok := attrs[name]; ok {
+			return v, true
+		}
+		for n, v := range attrs {
+			if strings.EqualFold(n, name) {
+				return v, true
+			}
+		}
+		return "", false
+	}, func(s string) (string, error) { return s, nil })
+}
+
+// readFields reads the sequencing headers through get, which finds a
+// field by its NATS header name in any case (the attribute names are the
+// same, lower-cased). decode reads id, thid and from. The first argument
+// names the id field in errors' terms.
+func readFields(idName string, get func(name string) (string, bool), decode func(string) (string, error)) (h Headers, ok bool, err error) {
+	names := []string{HeaderID, HeaderThread, HeaderFrom, HeaderSenderOrder, HeaderSentCount, HeaderReceivedOrders}
+	for _, name := range names {
+		if _, present := get(name); present {
 			ok = true
 			break
 		}
@@ -187,55 +237,35 @@ func ReadHeader(nh nats.Header) (h Headers, ok bool, err error) {
 	if !ok {
 		return Headers{}, false, nil
 	}
+	shown := func(name string) string {
+		if idName == AttrID {
+			return strings.ToLower(name)
+		}
+		return name
+	}
 	for name, dst := range map[string]*string{HeaderID: &h.ID, HeaderThread: &h.Thread, HeaderFrom: &h.From} {
-		if v := nh.Get(name); v != "" {
-			if *dst, err = keyrouter.DecodeKey(v); err != nil {
-				return Headers{}, true, fmt.Errorf("%w: %s: %v", ErrInvalidHeader, name, err)
+		if v, _ := get(name); v != "" {
+			if *dst, err = decode(v); err != nil {
+				return Headers{}, true, fmt.Errorf("%w: %s: %v", ErrInvalidHeader, shown(name), err)
 			}
 		}
 	}
-	if v, present := nh[HeaderSenderOrder]; present {
-		if h.SenderOrder, err = parseNatural(firstOf(v)); err != nil {
-			return Headers{}, true, fmt.Errorf("%w: %s %q: %v", ErrInvalidSenderOrder, HeaderSenderOrder, firstOf(v), err)
+	if v, present := get(HeaderSenderOrder); present {
+		if h.SenderOrder, err = parseNatural(v); err != nil {
+			return Headers{}, true, fmt.Errorf("%w: %s %q: %v", ErrInvalidSenderOrder, shown(HeaderSenderOrder), v, err)
 		}
 	}
-	if v, present := nh[HeaderSentCount]; present {
-		if h.SentCount, err = parseNatural(firstOf(v)); err != nil {
-			return Headers{}, true, fmt.Errorf("%w: %s %q: %v", ErrInvalidSentCount, HeaderSentCount, firstOf(v), err)
+	if v, present := get(HeaderSentCount); present {
+		if h.SentCount, err = parseNatural(v); err != nil {
+			return Headers{}, true, fmt.Errorf("%w: %s %q: %v", ErrInvalidSentCount, shown(HeaderSentCount), v, err)
 		}
 	}
-	if v, present := nh[HeaderReceivedOrders]; present {
-		if h.ReceivedOrders, err = ParseReceivedOrders([]byte(firstOf(v))); err != nil {
+	if v, present := get(HeaderReceivedOrders); present {
+		if h.ReceivedOrders, err = ParseReceivedOrders([]byte(v)); err != nil {
 			return Headers{}, true, err
 		}
 	}
 	return h, true, nil
-}
-
-// canonicalDIDCommHeaders returns nh with Didcomm- headers written in any
-// case (didcomm-sender-order) under their canonical names: header names
-// are case-insensitive, nats.Header lookups are not.
-func canonicalDIDCommHeaders(nh nats.Header) nats.Header {
-	var out nats.Header
-	for name, vals := range nh {
-		if len(name) < len("didcomm-") || !strings.EqualFold(name[:len("didcomm-")], "didcomm-") {
-			continue
-		}
-		for _, canon := range []string{HeaderID, HeaderThread, HeaderFrom, HeaderSenderOrder, HeaderSentCount, HeaderReceivedOrders} {
-			if name != canon && strings.EqualFold(name, canon) {
-				if out == nil {
-					out = maps.Clone(nh)
-				}
-				if _, taken := out[canon]; !taken {
-					out[canon] = vals
-				}
-			}
-		}
-	}
-	if out == nil {
-		return nh
-	}
-	return out
 }
 
 // WriteHeader writes h as Didcomm- NATS headers, for a payload that is not
@@ -262,6 +292,36 @@ func WriteHeader(nh nats.Header, h Headers) {
 		b, _ := json.Marshal(renderable(h.ReceivedOrders))
 		nh.Set(HeaderReceivedOrders, string(b))
 	}
+}
+
+// WriteAttributes writes h as didcomm-* attributes into attrs, the form
+// of Pub/Sub messages whose payload is not a DIDComm plaintext message:
+// as WriteHeader, with plain values. Attributes of the same names in
+// another case are removed.
+func WriteAttributes(attrs map[string]string, h Headers) {
+	for name := range attrs {
+		if len(name) > len("didcomm-") && strings.EqualFold(name[:len("didcomm-")], "didcomm-") && name != strings.ToLower(name) {
+			for _, canon := range []string{AttrID, AttrThread, AttrFrom, AttrSenderOrder, AttrSentCount, AttrReceivedOrders} {
+				if strings.EqualFold(name, canon) {
+					delete(attrs, name)
+				}
+			}
+		}
+	}
+	set := func(name, v string, ok bool) {
+		if ok {
+			attrs[name] = v
+		} else {
+			delete(attrs, name)
+		}
+	}
+	set(AttrID, h.ID, h.ID != "")
+	set(AttrThread, h.Thread, h.Thread != "")
+	set(AttrFrom, h.From, h.From != "")
+	set(AttrSenderOrder, strconv.FormatUint(h.SenderOrder, 10), h.SenderOrder > 0)
+	set(AttrSentCount, strconv.FormatUint(h.SentCount, 10), h.SentCount > 1)
+	ros, _ := json.Marshal(renderable(h.ReceivedOrders))
+	set(AttrReceivedOrders, string(ros), h.ReceivedOrders != nil)
 }
 
 // ParseReceivedOrders parses a received_orders value. Each entry needs a

@@ -89,6 +89,35 @@ func TestNATSHeaderRoundTrip(t *testing.T) {
 	}
 }
 
+// The attribute form of Pub/Sub messages: plain values, names in any case,
+// read after Didcomm- NATS headers and before the payload.
+func TestAttributeRoundTrip(t *testing.T) {
+	want := Headers{ID: "m 1", Thread: "thread/x", From: "did:ex:ü", SenderOrder: 7, SentCount: 3,
+		ReceivedOrders: []ReceivedOrder{{ID: "did:ex:bob", Last: 4, Gaps: []uint64{2, 3}}}}
+	attrs := map[string]string{"Didcomm-Sender-Order": "1", "other": "kept"}
+	WriteAttributes(attrs, want)
+	if attrs[AttrFrom] != "did:ex:ü" || attrs["other"] != "kept" || attrs[AttrReceivedOrders] != `[{"id":"did:ex:bob","last":4,"gaps":[2,3]}]` {
+		t.Fatalf("written %v", attrs)
+	}
+	if _, ok := attrs["Didcomm-Sender-Order"]; ok {
+		t.Fatalf("the same name in another case stayed: %v", attrs)
+	}
+	got, ok, err := ReadAttributes(attrs)
+	if err != nil || !ok || !reflect.DeepEqual(got, want) {
+		t.Fatalf("ReadAttributes = %+v, %v, %v\nwant %+v", got, ok, err, want)
+	}
+	got, err = Read(&adapter.Message{Attributes: map[string]string{"DIDComm-ID": "x", "didcomm-from": "a", "didcomm-sender-order": "2"}, Data: []byte(plainBid)})
+	if err != nil || got.ID != "x" || got.SenderOrder != 2 {
+		t.Fatalf("Read: attributes win over the payload: %+v, %v", got, err)
+	}
+	if _, err := Read(&adapter.Message{Attributes: map[string]string{AttrSenderOrder: "07"}}); !errors.Is(err, ErrInvalidSenderOrder) || !strings.Contains(err.Error(), AttrSenderOrder) {
+		t.Fatalf("bad attribute: %v", err)
+	}
+	if _, ok, _ := ReadAttributes(map[string]string{"didcommish": "1"}); ok {
+		t.Fatal("an attribute that is not one of the names was read")
+	}
+}
+
 func TestReadRecognisesDIDComm(t *testing.T) {
 	for _, tc := range []struct {
 		name string

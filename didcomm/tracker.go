@@ -60,6 +60,9 @@ type Observation struct {
 	Redelivery bool
 	// Events noticed on this message, in order.
 	Events []Event
+	// ReceivedOrders is the thread's received_orders as it stands with
+	// this message, as saved (nil for a duplicate).
+	ReceivedOrders []ReceivedOrder
 }
 
 // Defaults of the tracker's limits.
@@ -221,6 +224,31 @@ func (t *Tracker) Threads() int {
 	return len(t.threads)
 }
 
+// OpenGaps counts the orders missing (gaps, as received_orders counts
+// them, given-up ones excluded) in the threads held in memory, as this
+// tracker last saw them.
+func (t *Tracker) OpenGaps() uint64 {
+	t.mu.Lock()
+	entries := make([]*threadEntry, 0, len(t.threads))
+	for _, el := range t.threads {
+		entries = append(entries, el.Value.(*threadEntry))
+	}
+	t.mu.Unlock()
+	var n uint64
+	for _, e := range entries {
+		e.mu.Lock()
+		if e.st != nil {
+			for _, s := range e.st.Senders {
+				for _, g := range s.Gaps {
+					n += g.Len()
+				}
+			}
+		}
+		e.mu.Unlock()
+	}
+	return n
+}
+
 func (t *Tracker) limits() limits {
 	return limits{maxGapRanges: t.cfg.maxGapRanges, maxClaims: maxClaims, maxSenders: t.cfg.maxSenders}
 }
@@ -262,6 +290,7 @@ func (t *Tracker) Observe(ctx context.Context, h Headers, pos uint64) (Observati
 		v         verdict
 		opened    Range
 		abandoned []Range
+		ros       []ReceivedOrder
 	)
 	err := t.update(ctx, e, func(st *threadState, fresh bool) (changed bool, err error) {
 		v, opened, abandoned, err = st.observe(h.From, h.SenderOrder, pos, t.limits())
@@ -271,13 +300,16 @@ func (t *Tracker) Observe(ctx context.Context, h Headers, pos uint64) (Observati
 			// claim, or forgotten the thread. Check the saved state.
 			return false, errStale
 		}
+		if err == nil && v != duplicate {
+			ros = st.receivedOrders(t.cfg.maxRenderedGaps)
+		}
 		return err == nil && v != duplicate && v != redelivery && v != untracked, err
 	})
 	if err != nil {
 		return Observation{}, err
 	}
 	ev := Event{Thread: thread, Sender: h.From, MessageID: h.ID, Order: h.SenderOrder, SentCount: max(h.SentCount, 1)}
-	var obs Observation
+	obs := Observation{ReceivedOrders: ros}
 	add := func(k EventKind, gap Range) {
 		ev.Kind, ev.Gap = k, gap
 		obs.Events = append(obs.Events, ev)

@@ -75,6 +75,30 @@ func TestSpecificationExample(t *testing.T) {
 	}
 }
 
+// Each observation carries the thread's received_orders as it stands with
+// the message, and open gaps count the orders missing.
+func TestObservationCarriesReceivedOrders(t *testing.T) {
+	tr := newTracker(t)
+	observe(t, tr, msg("t", "a", 1), 0)
+	obs := observe(t, tr, msg("t", "a", 4), 0)
+	if b, _ := json.Marshal(obs.ReceivedOrders); string(b) != `[{"id":"a","last":4,"gaps":[2,3]}]` {
+		t.Fatalf("after 4: %s", b)
+	}
+	if n := tr.OpenGaps(); n != 2 {
+		t.Fatalf("open gaps %d, want 2", n)
+	}
+	obs = observe(t, tr, msg("t", "a", 3), 0)
+	if b, _ := json.Marshal(obs.ReceivedOrders); string(b) != `[{"id":"a","last":4,"gaps":[2]}]` {
+		t.Fatalf("after 3: %s", b)
+	}
+	if obs = observe(t, tr, msg("t", "a", 3), 0); !obs.Duplicate || obs.ReceivedOrders != nil {
+		t.Fatalf("copy of 3: %+v", obs)
+	}
+	if n := tr.OpenGaps(); n != 1 {
+		t.Fatalf("open gaps %d, want 1", n)
+	}
+}
+
 func TestGapOpenedAndFilled(t *testing.T) {
 	tr := newTracker(t)
 	if obs := observe(t, tr, msg("t", "a", 1), 0); len(obs.Events) != 0 || obs.Duplicate {

@@ -140,9 +140,9 @@ type killProc struct {
 
 var killListening = regexp.MustCompile(`msg="jetorder sidecar listening" grpc=(\S+) http=(\S+)`)
 
-func killStart(t *testing.T, bin, dataDir, grpcAddr, httpAddr string) *killProc {
+func killStart(t *testing.T, bin, dataDir, grpcAddr, httpAddr string, extra ...string) *killProc {
 	t.Helper()
-	args := []string{"--data-dir", dataDir, "--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--shutdown-timeout", "2s"}
+	args := append([]string{"--data-dir", dataDir, "--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--shutdown-timeout", "2s"}, extra...)
 	if testDelivery != "" {
 		args = append(args, "--delivery", string(testDelivery))
 	}

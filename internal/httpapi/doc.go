@@ -8,6 +8,10 @@
 //	POST /v1/topics/{topic}:publish                      the same, in Config.DefaultProject
 //	POST /v1/projects/{project}/topics/{topic}/events    one CloudEvent, binary or structured mode
 //	POST /v1/topics/{topic}/events                       the same, in Config.DefaultProject
+//	GET  /v1/projects/{project}/subscriptions/{subscription}/didcomm/threads/{thread}
+//	                                                     a DIDComm thread's received_orders
+//	GET  /v1/subscriptions/{subscription}/didcomm/threads/{thread}
+//	                                                     the same, in Config.DefaultProject
 //	GET  /healthz                                        200 while the process serves
 //	GET  /readyz                                         200 when Config.Ready returns nil, else 503
 //	GET  /metrics                                        Prometheus text format

@@ -102,6 +102,10 @@ func New(cfg Config) http.Handler {
 	a.mux.HandleFunc("/v1/topics/{action}", a.inDefaultProject(a.topicAction))
 	a.mux.HandleFunc("/v1/projects/{project}/topics/{topic}/events", a.inProject(a.events))
 	a.mux.HandleFunc("/v1/topics/{topic}/events", a.inDefaultProject(a.events))
+	a.mux.HandleFunc("/v1/projects/{project}/subscriptions/{subscription}/didcomm/threads/{thread}", a.inProject(a.didcommThread))
+	a.mux.HandleFunc("/v1/projects/{project}/subscriptions/{subscription}/didcomm/threads/{$}", a.inProject(a.didcommThread))
+	a.mux.HandleFunc("/v1/subscriptions/{subscription}/didcomm/threads/{thread}", a.inDefaultProject(a.didcommThread))
+	a.mux.HandleFunc("/v1/subscriptions/{subscription}/didcomm/threads/{$}", a.inDefaultProject(a.didcommThread))
 	a.mux.HandleFunc("/healthz", a.healthz)
 	a.mux.HandleFunc("/readyz", a.readyz)
 	a.mux.HandleFunc("/metrics", a.metrics)
@@ -135,7 +139,7 @@ func (a *api) inProject(h projectHandler) http.HandlerFunc {
 func (a *api) inDefaultProject(h projectHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if a.defaultProject == "" {
-			a.fail(w, r, errorf(http.StatusNotFound, "no default project is configured: use /v1/projects/{project}/topics/..."))
+			a.fail(w, r, errorf(http.StatusNotFound, "no default project is configured: use /v1/projects/{project}%s", strings.TrimPrefix(r.URL.EscapedPath(), "/v1")))
 			return
 		}
 		h(w, r, a.defaultProject)

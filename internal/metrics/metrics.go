@@ -1,7 +1,8 @@
 // Package metrics holds the sidecar's counters, gauges and latency
 // histograms and writes them in the Prometheus text exposition format
-// (version 0.0.4). It has no labels, so its size does not grow with the
-// number of topics, subscriptions or keys.
+// (version 0.0.4). Most have no labels, so their size does not grow with
+// the number of topics, subscriptions or keys; the DIDComm ones have a
+// subscription label, for the subscriptions the sidecar tracks.
 package metrics
 
 import (
@@ -10,6 +11,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,8 +23,53 @@ type Counter struct{ v atomic.Uint64 }
 // Inc adds 1.
 func (c *Counter) Inc() { c.v.Add(1) }
 
+// Add adds n.
+func (c *Counter) Add(n uint64) { c.v.Add(n) }
+
 // Value is the current count.
 func (c *Counter) Value() uint64 { return c.v.Load() }
+
+// PerSubscription is a counter per subscription, written with a
+// subscription label. Only subscriptions that counted something appear.
+type PerSubscription struct {
+	mu sync.Mutex
+	m  map[string]*Counter
+}
+
+// Add adds n to sub's counter.
+func (p *PerSubscription) Add(sub string, n uint64) {
+	p.mu.Lock()
+	c := p.m[sub]
+	if c == nil {
+		if p.m == nil {
+			p.m = make(map[string]*Counter)
+		}
+		c = &Counter{}
+		p.m[sub] = c
+	}
+	p.mu.Unlock()
+	c.Add(n)
+}
+
+// Value is sub's count.
+func (p *PerSubscription) Value(sub string) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.m[sub]; c != nil {
+		return c.Value()
+	}
+	return 0
+}
+
+func (p *PerSubscription) values() map[string]float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]float64, len(p.m))
+	for sub, c := range p.m {
+		out[sub] = float64(c.Value())
+	}
+	return out
+}
 
 // Gauge goes up and down.
 type Gauge struct{ v atomic.Int64 }
@@ -69,7 +116,13 @@ type Registry struct {
 	Nacked       Counter // nacks by clients (ModifyAckDeadline 0) and leases handed back at shutdown
 	Expired      Counter // leases that ran out without ack or extension
 	DeadLettered Counter // messages moved to a dead-letter topic
-	DIDCommGaps  Counter // DIDComm gaps opened, on subscriptions tracked by the sidecar
+
+	// DIDComm tracking by the sidecar, in sender orders (the unit of
+	// received_orders' gaps), per subscription.
+	DIDCommGapsOpened  PerSubscription // orders found missing
+	DIDCommGapsFilled  PerSubscription // missing orders that arrived
+	DIDCommGapsGivenUp PerSubscription // missing orders no longer tracked (too many gaps)
+	DIDCommCopies      PerSubscription // copies of handled messages acked and dropped
 
 	Streams     Gauge // open StreamingPull streams
 	Outstanding Gauge // messages handed to clients and not yet settled
@@ -77,13 +130,27 @@ type Registry struct {
 	PublishLatency  Histogram // Publish call to stored
 	DeliveryLatency Histogram // stored to handed to a client
 
-	mu     sync.Mutex
-	gauges []funcGauge
+	mu        sync.Mutex
+	gauges    []funcGauge
+	subGauges []subGauge
 }
 
 type funcGauge struct {
 	name, help string
 	fn         func() (float64, bool)
+}
+
+type subGauge struct {
+	name, help string
+	fn         func() map[string]float64
+}
+
+// SubscriptionGauge adds a gauge per subscription whose values fn computes
+// at each scrape, keyed by subscription name.
+func (r *Registry) SubscriptionGauge(name, help string, fn func() map[string]float64) {
+	r.mu.Lock()
+	r.subGauges = append(r.subGauges, subGauge{name, help, fn})
+	r.mu.Unlock()
 }
 
 // GaugeFunc adds a gauge whose value fn computes at each scrape; a false
@@ -111,20 +178,49 @@ func (r *Registry) Write(w io.Writer) error {
 	counter("jetorder_nacked_total", "Messages handed back: nacked by subscribers (ModifyAckDeadline 0) or at shutdown.", &r.Nacked)
 	counter("jetorder_lease_expired_total", "Messages whose ack deadline passed without ack or extension.", &r.Expired)
 	counter("jetorder_dead_lettered_total", "Messages moved to their subscription's dead-letter topic after the maximum delivery attempts.", &r.DeadLettered)
-	counter("jetorder_didcomm_gaps_total", "DIDComm sender_order gaps opened on subscriptions the sidecar tracks.", &r.DIDCommGaps)
 	gauge("jetorder_streaming_pull_streams", "Open StreamingPull streams.", float64(r.Streams.Value()))
 	gauge("jetorder_outstanding_messages", "Messages handed to subscribers and not yet settled.", float64(r.Outstanding.Value()))
 	r.mu.Lock()
 	gauges := append([]funcGauge(nil), r.gauges...)
+	subGauges := append([]subGauge(nil), r.subGauges...)
 	r.mu.Unlock()
 	for _, g := range gauges {
 		if v, ok := g.fn(); ok {
 			gauge(g.name, g.help, v)
 		}
 	}
+	perSub(ew, "jetorder_didcomm_gaps_opened_total", "counter", "DIDComm sender orders found missing on subscriptions the sidecar tracks.", r.DIDCommGapsOpened.values())
+	perSub(ew, "jetorder_didcomm_gaps_filled_total", "counter", "Missing DIDComm sender orders that arrived late.", r.DIDCommGapsFilled.values())
+	perSub(ew, "jetorder_didcomm_gaps_given_up_total", "counter", "Missing DIDComm sender orders no longer tracked: more gap ranges than the tracker keeps per sender.", r.DIDCommGapsGivenUp.values())
+	perSub(ew, "jetorder_didcomm_copies_dropped_total", "counter", "Copies of DIDComm messages already handled, acked and dropped by the sidecar.", r.DIDCommCopies.values())
+	for _, g := range subGauges {
+		perSub(ew, g.name, "gauge", g.help, g.fn())
+	}
 	histogram(ew, "jetorder_publish_latency_seconds", "Time from a Publish call to the message being stored.", &r.PublishLatency)
 	histogram(ew, "jetorder_delivery_latency_seconds", "Time from a message being stored to its first hand-over to a subscriber.", &r.DeliveryLatency)
 	return ew.err
+}
+
+// perSub writes one value per subscription, in name order; nothing when
+// there is none.
+func perSub(ew *errWriter, name, typ, help string, values map[string]float64) {
+	if len(values) == 0 {
+		return
+	}
+	ew.printf("# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+	subs := make([]string, 0, len(values))
+	for sub := range values {
+		subs = append(subs, sub)
+	}
+	sort.Strings(subs)
+	for _, sub := range subs {
+		ew.printf("%s{subscription=%s} %s\n", name, labelValue(sub), formatFloat(values[sub]))
+	}
+}
+
+// labelValue quotes a label value as the text format wants it.
+func labelValue(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s) + `"`
 }
 
 func histogram(ew *errWriter, name, help string, h *Histogram) {

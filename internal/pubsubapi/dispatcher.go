@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/broker"
 )
 
 // maxHeldExtension bounds how long the adapter keeps a message's JetStream
@@ -44,6 +46,13 @@ type dispatcher struct {
 	// cfg is the subscription's configuration, refreshed every second
 	// (refresh) so updates made through any sidecar reach this one.
 	cfg atomic.Pointer[adapter.SubscriptionConfig]
+	// didcomm is the subscription's DIDComm tracker, used while its labels
+	// ask for tracking.
+	didcomm didcommTracking
+	// tracking is whether cfg's labels ask for DIDComm tracking;
+	// trackingSwitched is closed when that changes. Both guarded by mu.
+	tracking         bool
+	trackingSwitched chan struct{}
 
 	// ready passes each message from its Receive handler to whichever
 	// stream or Pull call takes it first. It is unbuffered: a message waits
@@ -75,6 +84,7 @@ type lease struct {
 	expireBy time.Time   // extensions stop here: the adapter's extension ends soon after
 	id       uint64      // 0 until handed to a client
 	flow     *flow       // the stream's flow control; nil for Pull
+	didcomm  *tracked    // what DIDComm tracking made of it; nil when untracked
 	timer    *time.Timer // guarded by d.mu
 	gone     bool        // guarded by d.mu: the handler has handed the message back
 	// Exactly-once delivery (ackConfirmed): acking counts the acks of the
@@ -153,7 +163,8 @@ func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, e
 		draining: make(chan struct{}), drained: make(chan struct{}), done: make(chan struct{}),
 		leases: make(map[uint64]*lease), keys: make(map[string]int), attached: 1,
 	}
-	d.cfg.Store(&cfg)
+	d.setConfig(&cfg)
+	d.didcomm.sub = sub
 	s.dispatchers[name] = d
 	sub.ReceiveSettings.MaxOutstandingMessages = s.cfg.MaxOutstandingMessages
 	sub.ReceiveSettings.MaxExtension = maxHeldExtension
@@ -277,24 +288,41 @@ func (d *dispatcher) endErr() error {
 // (ackConfirmed: the adapter's AckWithResult), and the m.Ack here does
 // nothing.
 func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
-	l := &lease{d: d, msg: m, size: messageSize(m), expireBy: time.Now().Add(maxHeldExtension - time.Minute), result: make(chan outcome, 1)}
+	l := &lease{d: d, msg: m, expireBy: time.Now().Add(maxHeldExtension - time.Minute), result: make(chan outcome, 1)}
 	d.holdKey(m.OrderingKey, 1)
 	defer d.holdKey(m.OrderingKey, -1)
-	select {
-	case d.ready <- l:
-	case <-ctx.Done():
-		m.Release()
-		return
-	case <-m.Superseded():
-		// Sought before any client took it: the adapter acks it, and the
-		// new epoch delivers it again if the seek says so.
-		m.Release()
-		return
+	for offered := false; !offered; {
+		// DIDComm tracking observes the message before a client gets it,
+		// also when it is switched on while the message waits here.
+		tracking, switched := d.didcommState()
+		if tracking && l.didcomm == nil {
+			tr, deliver := d.observeDIDComm(ctx, m)
+			if !deliver {
+				return
+			}
+			l.didcomm = tr
+		}
+		l.size = messageSize(m, l.didcomm)
+		select {
+		case d.ready <- l:
+			offered = true
+		case <-switched:
+		case <-ctx.Done():
+			m.Release()
+			return
+		case <-m.Superseded():
+			// Sought before any client took it: the adapter acks it, and the
+			// new epoch delivers it again if the seek says so.
+			m.Release()
+			return
+		}
 	}
+	tr := l.didcomm
 	select {
 	case o := <-l.result:
 		switch o {
 		case outAck:
+			tr.release(d)
 			m.Ack()
 		case outReturned:
 			m.Release()
@@ -307,12 +335,37 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 		// unless the client settled it in the meantime.
 		if !d.drop(l) {
 			if o := <-l.result; o == outAck {
+				tr.release(d)
 				m.Ack()
 				return
 			}
 		}
 		m.Release()
 	}
+}
+
+// setConfig stores the subscription's configuration and tells messages
+// waiting for a client when DIDComm tracking is switched on or off.
+func (d *dispatcher) setConfig(cfg *adapter.SubscriptionConfig) {
+	d.cfg.Store(cfg)
+	tracking := broker.DIDCommTracked(cfg.Labels)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.trackingSwitched == nil {
+		d.trackingSwitched = make(chan struct{})
+	} else if tracking != d.tracking {
+		close(d.trackingSwitched)
+		d.trackingSwitched = make(chan struct{})
+	}
+	d.tracking = tracking
+}
+
+// didcommState says whether DIDComm tracking is on, and returns a channel
+// closed when that changes.
+func (d *dispatcher) didcommState() (bool, <-chan struct{}) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.tracking, d.trackingSwitched
 }
 
 // refresh keeps d.cfg up to date until Receive ends.
@@ -329,7 +382,7 @@ func (d *dispatcher) refresh(sub *adapter.Subscription) {
 		cfg, err := sub.Config(ctx)
 		cancel()
 		if err == nil {
-			d.cfg.Store(&cfg)
+			d.setConfig(&cfg)
 		}
 	}
 }
@@ -338,7 +391,7 @@ func (d *dispatcher) refresh(sub *adapter.Subscription) {
 // through this sidecar.
 func (d *dispatcher) reload(ctx context.Context, sub *adapter.Subscription) {
 	if cfg, err := sub.Config(ctx); err == nil {
-		d.cfg.Store(&cfg)
+		d.setConfig(&cfg)
 	}
 }
 
@@ -401,6 +454,14 @@ func (d *dispatcher) lease(l *lease, f *flow, deadline time.Duration) *pb.Receiv
 		mt.DeliveryLatency.Observe(time.Since(l.msg.PublishTime))
 	}
 	rm := &pb.ReceivedMessage{AckId: d.s.ackID(d.name, id), Message: messageProto(l.msg)}
+	if l.didcomm != nil {
+		attrs := maps.Clone(rm.Message.Attributes) // the adapter message's own: not to be written
+		if attrs == nil {
+			attrs = make(map[string]string, len(l.didcomm.attrs))
+		}
+		maps.Copy(attrs, l.didcomm.attrs)
+		rm.Message.Attributes = attrs
+	}
 	if d.cfg.Load().DeadLetterPolicy != nil {
 		// As the service: delivery_attempt is set only with a dead-letter
 		// policy, and is 0 (absent) otherwise.
@@ -581,10 +642,15 @@ func messageProto(m *adapter.Message) *pb.PubsubMessage {
 	return out
 }
 
-func messageSize(m *adapter.Message) int {
+func messageSize(m *adapter.Message, tr *tracked) int {
 	n := len(m.Data) + len(m.OrderingKey) + len(m.ID)
 	for k, v := range m.Attributes {
 		n += len(k) + len(v)
+	}
+	if tr != nil {
+		for k, v := range tr.attrs {
+			n += len(k) + len(v)
+		}
 	}
 	return n
 }

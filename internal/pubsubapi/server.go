@@ -115,6 +115,8 @@ func New(b *broker.Broker, cfg Config) *Server {
 	b.Metrics.GaugeFunc("jetorder_max_delivery_attempt", "The highest delivery attempt among messages handed to subscribers now: "+
 		"a message that keeps failing (without a dead-letter policy its key waits) shows as a number that keeps growing.",
 		func() (float64, bool) { return float64(s.maxDeliveryAttempt()), true })
+	b.Metrics.SubscriptionGauge("jetorder_didcomm_open_gaps", "DIDComm sender orders missing in the threads this sidecar's tracker holds, per tracked subscription being received.",
+		s.didcommOpenGaps)
 	gauge := func(name, help string, v *atomic.Int64) {
 		b.Metrics.GaugeFunc(name, help, func() (float64, bool) { return float64(v.Load()), true })
 	}

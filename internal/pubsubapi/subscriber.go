@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/broker"
 )
 
 // CreateSubscription creates a pull subscription with the service's
@@ -44,7 +45,7 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 	if err != nil {
 		return nil, err
 	}
-	if err := checkLabels(sub.GetLabels()); err != nil {
+	if err := checkSubscriptionLabels(sub.GetLabels()); err != nil {
 		return nil, err
 	}
 	settings, err := newSubSettings(sub)
@@ -189,7 +190,7 @@ func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscript
 	for _, p := range paths {
 		switch p {
 		case "labels":
-			if err := checkLabels(in.GetLabels()); err != nil {
+			if err := checkSubscriptionLabels(in.GetLabels()); err != nil {
 				return nil, err
 			}
 			u.Labels = in.GetLabels()
@@ -308,6 +309,18 @@ func (s *Server) DeleteSubscription(ctx context.Context, req *pb.DeleteSubscript
 		return nil, toStatus(err)
 	}
 	return &emptypb.Empty{}, nil
+}
+
+// checkSubscriptionLabels checks labels as any resource's, and the values
+// of the jetorder labels that are not checked with the delivery mode.
+func checkSubscriptionLabels(labels map[string]string) error {
+	if err := checkLabels(labels); err != nil {
+		return err
+	}
+	if v, ok := labels[broker.LabelDIDComm]; ok && v != broker.DIDCommTrack {
+		return invalid("label %s %q: the only value is %q (remove the label to stop tracking)", broker.LabelDIDComm, v, broker.DIDCommTrack)
+	}
+	return nil
 }
 
 // Labels that choose an ordered subscription's delivery at creation; the
