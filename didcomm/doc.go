@@ -8,7 +8,10 @@
 // parties did this party not get, whatever keys, topics or restarts they
 // went through.
 //
-// A Sequencer stamps outgoing messages. A Tracker observes incoming ones;
+// A Sequencer stamps outgoing messages from counters in memory; a
+// KVSequencer from counters in JetStream KV, shared by every process
+// stamping for a sender and kept across restarts. A Tracker observes
+// incoming ones;
 // Receive runs one over a subscription, with its state in JetStream KV
 // (OpenSubscriptionTracker), so every receiver of the subscription shares
 // one view. Headers travel as top-level members of a DIDComm plaintext

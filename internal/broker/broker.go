@@ -37,6 +37,10 @@ type Broker struct {
 	opts    []adapter.Option
 	log     *slog.Logger
 	Metrics *metrics.Registry
+	// BucketReplicas is the replicas of the KV buckets the broker creates
+	// (JO_DIDCOMM_ORDERS, see stamp.go); 0 means 1. Set before use.
+	BucketReplicas int
+	stamps         stamper
 
 	mu      sync.Mutex
 	clients map[string]*adapter.Client // project -> client
@@ -112,10 +116,11 @@ func (b *Broker) Topic(project, topic string) (*adapter.Topic, error) {
 
 // Publish publishes msgs to a topic and waits until each is stored. It
 // checks every message first: a request with one invalid message stores
-// none (the error names it as messages[i]). It returns the ids, or the
-// first error; messages that failed do not keep their key paused, since
-// each request stands alone (the client pauses its own key). ctx bounds
-// the whole wait.
+// none (the error names it as messages[i]). Messages that ask for a
+// DIDComm sender_order (AttrDIDComm) are then stamped (stamp.go). It
+// returns the ids, or the first error; messages that failed do not keep
+// their key paused, since each request stands alone (the client pauses its
+// own key). ctx bounds the whole wait.
 func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*adapter.Message) (ids []string, err error) {
 	t, err := b.Topic(project, topic)
 	if err != nil {
@@ -131,11 +136,16 @@ func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*ada
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
 	}
+	st, err := b.stamp(ctx, project, t, msgs) // nil unless a message asks for a DIDComm sender_order
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	results := make([]*adapter.PublishResult, len(msgs))
 	for i, m := range msgs {
 		results[i] = t.Publish(ctx, m)
 	}
+	defer st.release(results) // once every result is known
 	ids = make([]string, len(msgs))
 	var first error
 	var paused []string
@@ -196,6 +206,7 @@ func (b *Broker) Close() {
 		wg.Go(t.Stop)
 	}
 	wg.Wait()
+	b.stamps.wait()
 	for _, c := range clients {
 		if err := c.Close(); err != nil && !errors.Is(err, adapter.ErrClosed) {
 			b.log.Warn("close client", "project", c.Project(), "err", err)

@@ -488,8 +488,9 @@ func (c *topicSchemaCache) get(ctx context.Context, name string, load func(conte
 		e := c.entries[name]
 		switch {
 		case e != nil && e.filled && (e.loading != nil || time.Since(e.at) < topicSettingsTTL):
+			ts := e.ts // a reload may replace it once the lock is released
 			c.mu.Unlock()
-			return e.ts, nil // fresh, or stale while another call reads it again
+			return ts, nil // fresh, or stale while another call reads it again
 		case e != nil && e.loading != nil:
 			wait := e.loading
 			c.mu.Unlock()

@@ -111,6 +111,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 
 	reg := &metrics.Registry{}
 	b := broker.New(nc, log, reg, adapter.WithLogger(log), adapter.WithReplicas(max(cfg.Replicas, 1)))
+	b.BucketReplicas = max(cfg.Replicas, 1)
 	reg.GaugeFunc("jetorder_live_consumers", "JetStream consumers in the account (per-key consumers follow the active keys).",
 		func() (float64, bool) {
 			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -1,0 +1,257 @@
+package didcomm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// KVSequencer stamps sender_order as Sequencer does, with its counters in a
+// JetStream key-value bucket instead of memory: one key per thread and
+// sender holding the last order given, changed only by compare-and-set on
+// the key's revision. Every KVSequencer over the same bucket and prefix,
+// in this process or another, draws from the same counters, so a restart
+// needs no Restore, and two senders' processes stamping for the same
+// thread and sender never give one order twice.
+//
+// Orders are given in reservation order with no hole, except that an order
+// whose message is then never sent is a hole for its receivers unless it
+// is given back (GiveBack), and a reservation whose answer was lost (the
+// connection dropped, or ctx ended, while the write was in flight) may
+// have taken its orders: they are skipped, never given again.
+//
+// Deleting or purging a counter's key starts it again at 1: receivers
+// would then drop the new messages as copies of the old ones.
+//
+// A KVSequencer is safe for concurrent use.
+type KVSequencer struct {
+	kv     jetstream.KeyValue
+	prefix string
+
+	mu   sync.Mutex
+	seen map[string]counterSeen // key -> what this sequencer last wrote or read
+}
+
+// counterSeen is a counter's value and revision as last seen. It is a
+// hint that saves a read: a compare-and-set on a stale revision fails and
+// the counter is read again.
+type counterSeen struct{ last, rev uint64 }
+
+const (
+	// maxReserveAttempts bounds the compare-and-set attempts of one
+	// reservation: each failure means another reservation succeeded, so
+	// only a crowd of reservers for one counter can exhaust it.
+	maxReserveAttempts = 100
+	// maxSeenCounters bounds the revision hints kept; beyond it they are
+	// dropped and counters are read before being written.
+	maxSeenCounters = 10000
+	// counterTimeout bounds each bucket operation whose ctx has no
+	// deadline.
+	counterTimeout = 10 * time.Second
+)
+
+// NewKVSequencer keeps counters in kv under keys
+// prefix.<kv(thread)>.<kv(sender)> (docs/WIRE.md). prefix must be a valid
+// KV key, or empty for keys <kv(thread)>.<kv(sender)>.
+func NewKVSequencer(kv jetstream.KeyValue, prefix string) *KVSequencer {
+	return &KVSequencer{kv: kv, prefix: prefix, seen: make(map[string]counterSeen)}
+}
+
+func (s *KVSequencer) key(thread, sender string) string {
+	k := keyrouter.KVToken(thread) + "." + keyrouter.KVToken(sender)
+	if s.prefix == "" {
+		return k
+	}
+	return s.prefix + "." + k
+}
+
+// Reserve takes the n (at least 1) next orders of the thread and sender
+// and returns the first of them: the caller owns first..first+n-1. It
+// blocks for one or two bucket round trips, more while other reservations
+// of the same counter win the compare-and-set; after maxReserveAttempts
+// lost in a row it returns an error wrapping ErrStateConflict. It returns
+// ErrMissingID for an empty thread, ErrMissingSender for an empty sender,
+// and ErrInvalidSenderOrder when the counter would pass the largest order.
+// Cancelling ctx ends the wait; an error other than those may have taken
+// the orders (see KVSequencer).
+func (s *KVSequencer) Reserve(ctx context.Context, thread, sender string, n uint64) (first uint64, err error) {
+	if thread == "" {
+		return 0, ErrMissingID
+	}
+	if sender == "" {
+		return 0, ErrMissingSender
+	}
+	if n == 0 {
+		return 0, errors.New("didcomm: reserve at least one order")
+	}
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	key := s.key(thread, sender)
+	cur, hinted := s.hint(key)
+	for range maxReserveAttempts {
+		if !hinted {
+			if cur, err = s.read(ctx, key); err != nil {
+				return 0, err
+			}
+		}
+		if cur.last > math.MaxUint64-n {
+			return 0, fmt.Errorf("%w: thread %q sender %q is at %d, cannot reserve %d more", ErrInvalidSenderOrder, thread, sender, cur.last, n)
+		}
+		next := cur.last + n
+		rev, err := s.write(ctx, key, next, cur.rev)
+		switch {
+		case err == nil:
+			s.remember(key, counterSeen{last: next, rev: rev})
+			return cur.last + 1, nil
+		case conflict(err):
+			hinted = false // another reservation came first: read it
+			continue
+		default:
+			s.forget(key)
+			return 0, fmt.Errorf("didcomm: reserve orders of thread %q sender %q: %w", thread, sender, err)
+		}
+	}
+	s.forget(key)
+	return 0, fmt.Errorf("%w: reserve orders of thread %q sender %q: %d compare-and-set attempts lost to other reservations", ErrStateConflict, thread, sender, maxReserveAttempts)
+}
+
+// Stamp gives h the next sender_order of its thread (thid, or its own id)
+// and sender, reserved in the bucket, and marks it a first send (no
+// sent_count). It returns ErrMissingID or ErrMissingSender when h lacks
+// what the order belongs to, and otherwise what Reserve returns; h is
+// unchanged on error. A resend keeps its order: use Headers.Resend.
+func (s *KVSequencer) Stamp(ctx context.Context, h *Headers) error {
+	if h.ID == "" {
+		return ErrMissingID
+	}
+	if h.From == "" {
+		return ErrMissingSender
+	}
+	order, err := s.Reserve(ctx, h.ThreadID(), h.From, 1)
+	if err != nil {
+		return err
+	}
+	h.SenderOrder, h.SentCount = order, 0
+	return nil
+}
+
+// GiveBack returns the orders first..first+n-1, reserved by Reserve and
+// never used, to the counter, if no reservation came after them (the
+// counter is still at first+n-1): the next Reserve then gives first
+// again. It reports whether they were given back; when they were not,
+// they are a hole that receivers see as missing. Call it only for orders
+// no message carries, or receivers would drop the next message given them
+// as a copy. It blocks for two bucket round trips at most.
+func (s *KVSequencer) GiveBack(ctx context.Context, thread, sender string, first, n uint64) (bool, error) {
+	if n == 0 || first == 0 || first-1 > math.MaxUint64-n {
+		return false, fmt.Errorf("didcomm: give back %d orders from %d: not a reservation", n, first)
+	}
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	key := s.key(thread, sender)
+	cur, err := s.read(ctx, key)
+	if err != nil {
+		return false, err
+	}
+	if cur.last != first-1+n {
+		return false, nil // reserved after us, or not ours
+	}
+	rev, err := s.write(ctx, key, first-1, cur.rev)
+	switch {
+	case err == nil:
+		s.remember(key, counterSeen{last: first - 1, rev: rev})
+		return true, nil
+	case conflict(err):
+		s.forget(key)
+		return false, nil
+	default:
+		s.forget(key)
+		return false, fmt.Errorf("didcomm: give back orders of thread %q sender %q: %w", thread, sender, err)
+	}
+}
+
+// Last is the last order reserved in the thread for sender (0: none), as
+// the bucket has it now.
+func (s *KVSequencer) Last(ctx context.Context, thread, sender string) (uint64, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	cur, err := s.read(ctx, s.key(thread, sender))
+	return cur.last, err
+}
+
+// read returns a counter as the bucket has it: zero for one never written
+// (or deleted).
+func (s *KVSequencer) read(ctx context.Context, key string) (counterSeen, error) {
+	e, err := s.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		s.forget(key)
+		return counterSeen{}, nil
+	}
+	if err != nil {
+		return counterSeen{}, fmt.Errorf("didcomm: read counter %s: %w", key, err)
+	}
+	last, err := parseCount(string(e.Value()))
+	if err != nil {
+		// Never overwritten: a counter we cannot read might be ahead.
+		return counterSeen{}, fmt.Errorf("%w: counter %s holds %.40q: %v", ErrInvalidSenderOrder, key, e.Value(), err)
+	}
+	cur := counterSeen{last: last, rev: e.Revision()}
+	s.remember(key, cur)
+	return cur, nil
+}
+
+// write sets a counter to last if it is still at revision rev (0: absent).
+func (s *KVSequencer) write(ctx context.Context, key string, last, rev uint64) (uint64, error) {
+	value := []byte(strconv.FormatUint(last, 10))
+	if rev == 0 {
+		return s.kv.Create(ctx, key, value)
+	}
+	return s.kv.Update(ctx, key, value, rev)
+}
+
+func (s *KVSequencer) hint(key string) (counterSeen, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.seen[key]
+	return c, ok
+}
+
+func (s *KVSequencer) remember(key string, c counterSeen) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.seen[key]; ok && old.rev > c.rev {
+		return // a concurrent call saw a later revision
+	}
+	if len(s.seen) >= maxSeenCounters {
+		clear(s.seen)
+	}
+	s.seen[key] = c
+}
+
+func (s *KVSequencer) forget(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.seen, key)
+}
+
+// conflict reports whether a compare-and-set failed because the key
+// changed (or was created) since it was read.
+func conflict(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
+}
+
+// withDefaultTimeout gives ctx a deadline when it has none.
+func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, counterTimeout)
+}
