@@ -1,12 +1,9 @@
 package httpapi_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -130,27 +127,7 @@ func awaitTracked(t *testing.T, ch <-chan handled, n int) {
 // the server cancels a request whose connection was closed.
 func rawGet(t *testing.T, srv *httptest.Server, path string) response {
 	t.Helper()
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.WriteString(conn, "GET "+path+" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); err != nil {
-		t.Fatalf("write request: %v", err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("read response: %v", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("read response body: %v", err)
-	}
-	return response{resp.StatusCode, resp.Header, b}
+	return exchange(t, srv, "GET "+path+" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", false)
 }
 
 // threadBody is the thread response with received_orders as sent.

@@ -156,6 +156,13 @@ func postJSON(t *testing.T, url, body string) response {
 // and reads the response.
 func raw(t *testing.T, srv *httptest.Server, req string) response {
 	t.Helper()
+	return exchange(t, srv, req, true)
+}
+
+// exchange writes req on a new connection, closing its sending side after
+// it when closeWrite, and reads the response.
+func exchange(t *testing.T, srv *httptest.Server, req string, closeWrite bool) response {
+	t.Helper()
 	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -167,8 +174,10 @@ func raw(t *testing.T, srv *httptest.Server, req string) response {
 	if _, err := io.WriteString(conn, req); err != nil {
 		t.Fatalf("write request: %v", err)
 	}
-	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
-		t.Fatal(err)
+	if closeWrite {
+		if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
