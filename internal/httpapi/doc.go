@@ -1,6 +1,7 @@
-// Package httpapi is the sidecar's HTTP API: publishing in the shape of
-// Google Pub/Sub's REST API, publishing CloudEvents over the CloudEvents
-// HTTP binding, and the health and metrics endpoints.
+// Package httpapi is the sidecar's HTTP API: Google Pub/Sub's REST API
+// (publishing always; topics, subscriptions and snapshots when
+// Config.PubSub is set), publishing CloudEvents over the CloudEvents HTTP
+// binding, and the health and metrics endpoints.
 //
 // Routes (docs/HTTP.md has the request and response shapes):
 //
@@ -15,6 +16,20 @@
 //	GET  /healthz                                        200 while the process serves
 //	GET  /readyz                                         200 when Config.Ready returns nil, else 503
 //	GET  /metrics                                        Prometheus text format
+//
+// With Config.PubSub, the rest of Pub/Sub's REST API (rest.go), each route
+// decoded as its google.api.http rule says and served by the PubSub method
+// of the same name:
+//
+//	PUT|GET|PATCH|DELETE /v1/projects/{project}/topics/{topic}                 CreateTopic, GetTopic, UpdateTopic, DeleteTopic
+//	GET  /v1/projects/{project}/topics                                         ListTopics
+//	GET  /v1/projects/{project}/topics/{topic}/subscriptions                   ListTopicSubscriptions
+//	GET  /v1/projects/{project}/topics/{topic}/snapshots                       ListTopicSnapshots
+//	PUT|GET|PATCH|DELETE /v1/projects/{project}/subscriptions/{subscription}   CreateSubscription, GetSubscription, UpdateSubscription, DeleteSubscription
+//	GET  /v1/projects/{project}/subscriptions                                  ListSubscriptions
+//	POST /v1/projects/{project}/subscriptions/{subscription}:{verb}            pull, acknowledge, modifyAckDeadline, modifyPushConfig, seek, detach
+//	PUT|GET|PATCH|DELETE /v1/projects/{project}/snapshots/{snapshot}           CreateSnapshot, GetSnapshot, UpdateSnapshot, DeleteSnapshot
+//	GET  /v1/projects/{project}/snapshots                                      ListSnapshots
 //
 // Both publish routes answer only once every message is stored, and refuse a
 // request whole when any message in it is invalid. Errors are JSON in the

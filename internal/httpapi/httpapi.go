@@ -58,6 +58,11 @@ type Config struct {
 	// MaxBodyBytes bounds request bodies; a larger one is answered 413.
 	// Zero or less means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// PubSub serves the Pub/Sub REST API (rest.go): topics,
+	// subscriptions and snapshots under /v1/projects/{project}/, and
+	// :publish through its Publish. nil: only publish is served, straight
+	// through the broker, and the other REST routes answer 404.
+	PubSub PubSub
 }
 
 type api struct {
@@ -67,6 +72,8 @@ type api struct {
 	log            *slog.Logger
 	maxBody        int64
 	mux            *http.ServeMux
+	pubsub         PubSub   // nil without the REST API
+	rest           *restAPI // its routes; nil without it
 }
 
 // New returns the HTTP API's handler (routes in the package comment). It
@@ -85,6 +92,7 @@ func New(cfg Config) http.Handler {
 		log:            cfg.Logger,
 		maxBody:        cfg.MaxBodyBytes,
 		mux:            http.NewServeMux(),
+		pubsub:         cfg.PubSub,
 	}
 	if a.ready == nil {
 		a.ready = connected(a.b.Conn())
@@ -106,6 +114,10 @@ func New(cfg Config) http.Handler {
 	a.mux.HandleFunc("/v1/projects/{project}/subscriptions/{subscription}/didcomm/threads/{$}", a.inProject(a.didcommThread))
 	a.mux.HandleFunc("/v1/subscriptions/{subscription}/didcomm/threads/{thread}", a.inDefaultProject(a.didcommThread))
 	a.mux.HandleFunc("/v1/subscriptions/{subscription}/didcomm/threads/{$}", a.inDefaultProject(a.didcommThread))
+	if a.pubsub != nil {
+		a.rest = newRESTAPI(a.pubsub)
+		a.restRoutes()
+	}
 	a.mux.HandleFunc("/healthz", a.healthz)
 	a.mux.HandleFunc("/readyz", a.readyz)
 	a.mux.HandleFunc("/metrics", a.metrics)
@@ -146,10 +158,16 @@ func (a *api) inDefaultProject(h projectHandler) http.HandlerFunc {
 	}
 }
 
-// topicAction serves topics/{topic}:{verb}; only :publish exists.
+// topicAction serves topics/{topic}:{verb}, where only :publish exists,
+// and, with the REST API, the topic itself under /v1/projects/ (Google's
+// REST API has no /v1/topics/{topic}).
 func (a *api) topicAction(w http.ResponseWriter, r *http.Request, project string) {
 	action := r.PathValue("action")
 	i := strings.LastIndexByte(action, ':')
+	if i < 0 && a.rest != nil && r.PathValue("project") != "" {
+		a.restTopic(w, r, project, action)
+		return
+	}
 	if i < 0 || action[i+1:] != "publish" {
 		a.fail(w, r, errorf(http.StatusNotFound, "no route for %s %s: a topic has the method :publish and the path /events", r.Method, r.URL.Path))
 		return
@@ -161,7 +179,9 @@ func (a *api) topicAction(w http.ResponseWriter, r *http.Request, project string
 }
 
 // publishRequest is Pub/Sub's PublishRequest in its REST (JSON) form.
+// Topic, optional, must be the URL's: Google's REST clients send it.
 type publishRequest struct {
+	Topic    *string         `json:"topic"`
 	Messages []pubsubMessage `json:"messages"`
 }
 
@@ -195,14 +215,14 @@ func (a *api) publish(w http.ResponseWriter, r *http.Request, project, topic str
 		a.fail(w, r, err)
 		return
 	}
-	msgs, err := a.parsePublish(body)
+	msgs, err := a.parsePublish(body, resourceName(project, "topics", topic))
 	if err != nil {
 		a.fail(w, r, err)
 		return
 	}
-	ids, err := a.send(r, project, topic, msgs)
+	ids, err := a.publishMessages(r, project, topic, msgs)
 	if err != nil {
-		a.fail(w, r, err)
+		a.restFail(w, r, err)
 		return
 	}
 	a.writeJSON(w, http.StatusOK, publishResponse{MessageIDs: ids})
@@ -211,7 +231,7 @@ func (a *api) publish(w http.ResponseWriter, r *http.Request, project, topic str
 // parsePublish reads a publish request and checks what only JSON can get
 // wrong; the broker checks every message against the adapter's rules
 // before it stores any.
-func (a *api) parsePublish(body []byte) ([]*adapter.Message, error) {
+func (a *api) parsePublish(body []byte, topic string) ([]*adapter.Message, error) {
 	if !utf8.Valid(body) {
 		// encoding/json would turn the bad bytes into U+FFFD, changing an
 		// ordering key or attribute without a word.
@@ -223,6 +243,9 @@ func (a *api) parsePublish(body []byte) ([]*adapter.Message, error) {
 	}
 	if err := checkSurrogates(body); err != nil {
 		return nil, err
+	}
+	if req.Topic != nil && *req.Topic != topic {
+		return nil, errorf(http.StatusBadRequest, "the body's topic %q is not the topic of the URL, %q: leave it out or make them the same", *req.Topic, topic)
 	}
 	switch n := len(req.Messages); {
 	case n == 0:

@@ -184,6 +184,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 				DefaultProject: cfg.Project,
 				Ready:          func(ctx context.Context) error { return checkReady(ctx, nc, js) },
 				Logger:         log,
+				PubSub:         api, // the Pub/Sub REST API, over the gRPC server's methods
 			}),
 			ReadHeaderTimeout: 10 * time.Second,
 			TLSConfig:         tlsConf,
