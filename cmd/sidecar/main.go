@@ -52,12 +52,14 @@ func parseConfig(args []string) (config, error) {
 	str(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS")
 	str(&c.Project, "project", "default", "project of HTTP routes that name none")
 	str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	var delivery, replicas, maxOutstanding, maxStreams, shutdown string
+	var delivery, replicas, maxOutstanding, maxStreams, shutdown, webhookOrigins, webhookRate string
 	str(&delivery, "delivery", string(adapter.DefaultDelivery), `delivery of ordered subscriptions created without a jetorder-delivery label: "per-key" or "partitioned" (docs/SIDECAR.md)`)
 	str(&replicas, "replicas", "1", "replicas of the streams and buckets the sidecar creates (3 in a cluster)")
 	str(&maxOutstanding, "max-outstanding-messages", "1000", "messages one subscription holds in the sidecar: with clients or waiting for one")
 	str(&maxStreams, "max-streams", "1000", "open StreamingPull streams")
 	str(&shutdown, "shutdown-timeout", "5s", "how long shutdown waits for clients to ack what they hold")
+	str(&webhookOrigins, "webhook-allowed-origins", "*", `CloudEvents webhook validation: origins granted, comma-separated ("*" all, "*.example.com" its subdomains)`)
+	str(&webhookRate, "webhook-allowed-rate", "*", `CloudEvents webhook validation: requests per minute granted ("*" no limit; advisory, not enforced)`)
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -86,6 +88,14 @@ func parseConfig(args []string) (config, error) {
 	} else {
 		c.ShutdownTimeout = d
 	}
+	if o, e := parseOrigins(webhookOrigins); e != nil {
+		err = errors.Join(err, fmt.Errorf("--webhook-allowed-origins %q: %w", webhookOrigins, e))
+	} else {
+		c.WebhookAllowedOrigins = o
+	}
+	if webhookRate != "*" {
+		c.WebhookAllowedRate = positive("webhook-allowed-rate", webhookRate)
+	}
 	if err != nil {
 		return c, err
 	}
@@ -103,6 +113,27 @@ func parseConfig(args []string) (config, error) {
 		return c, errors.New("the --nats-creds, --nats-nkey, --nats-user, --nats-password, --nats-token and --nats-tls-* flags apply to --nats-url")
 	}
 	return c, nil
+}
+
+// parseOrigins reads --webhook-allowed-origins: "*", or names such as
+// eventemitter.example.com and patterns such as *.example.com, separated by
+// commas.
+func parseOrigins(s string) ([]string, error) {
+	var out []string
+	for o := range strings.SplitSeq(s, ",") {
+		o = strings.TrimSpace(o)
+		name := strings.TrimPrefix(o, "*.")
+		switch {
+		case o == "*":
+			return []string{"*"}, nil
+		case name == "":
+			return nil, errors.New(`want "*" or comma-separated origins, none empty`)
+		case strings.ContainsAny(name, "* \t"):
+			return nil, fmt.Errorf("origin %q: want a name such as eventemitter.example.com, or *.example.com", o)
+		}
+		out = append(out, o)
+	}
+	return out, nil
 }
 
 // envOr reads JETORDER_<FLAG>, the flag name upper-cased with - as _.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"net"
+	"slices"
 	"testing"
 	"time"
 )
@@ -31,11 +32,58 @@ func TestParseConfig(t *testing.T) {
 		{"--nats-url", "nats://x", "--nats-tls-key", "key.pem"},
 		{"--nats-user", "u", "--nats-password", "p"}, // without --nats-url
 		{"--nats-tls-ca", "ca.pem"},
+		{"--webhook-allowed-origins", ""},
+		{"--webhook-allowed-origins", "a.example.com,,b.example.com"},
+		{"--webhook-allowed-origins", "a.example.com b.example.com"},
+		{"--webhook-allowed-origins", "*example.com"},
+		{"--webhook-allowed-origins", "*."},
+		{"--webhook-allowed-rate", "0"},
+		{"--webhook-allowed-rate", "-5"},
+		{"--webhook-allowed-rate", "fast"},
 		{"stray"},
 	} {
 		if _, err := parseConfig(bad); err == nil {
 			t.Errorf("parseConfig(%q) accepted", bad)
 		}
+	}
+}
+
+// The webhook validation flags: every origin ("*") and no rate limit (0)
+// by default, a list and a rate when given, by flag or environment.
+func TestParseConfigWebhook(t *testing.T) {
+	cfg, err := parseConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cfg.WebhookAllowedOrigins, []string{"*"}) || cfg.WebhookAllowedRate != 0 {
+		t.Errorf("defaults: origins %q, rate %d", cfg.WebhookAllowedOrigins, cfg.WebhookAllowedRate)
+	}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		origins []string
+		rate    int
+	}{
+		{name: "list and rate", args: []string{"--webhook-allowed-origins", "eventemitter.example.com, *.example.org", "--webhook-allowed-rate", "120"},
+			origins: []string{"eventemitter.example.com", "*.example.org"}, rate: 120},
+		{name: "star wins", args: []string{"--webhook-allowed-origins", "a.example.com,*", "--webhook-allowed-rate", "*"},
+			origins: []string{"*"}, rate: 0},
+		{name: "environment", env: map[string]string{"JETORDER_WEBHOOK_ALLOWED_ORIGINS": "events.example.com", "JETORDER_WEBHOOK_ALLOWED_RATE": "60"},
+			origins: []string{"events.example.com"}, rate: 60},
+		{name: "flag over environment", args: []string{"--webhook-allowed-rate", "30"}, env: map[string]string{"JETORDER_WEBHOOK_ALLOWED_RATE": "60"},
+			origins: []string{"*"}, rate: 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			cfg, err := parseConfig(tc.args)
+			if err != nil || !slices.Equal(cfg.WebhookAllowedOrigins, tc.origins) || cfg.WebhookAllowedRate != tc.rate {
+				t.Errorf("parseConfig(%q) with env %v: origins %q, rate %d, err %v; want %q, %d",
+					tc.args, tc.env, cfg.WebhookAllowedOrigins, cfg.WebhookAllowedRate, err, tc.origins, tc.rate)
+			}
+		})
 	}
 }
 

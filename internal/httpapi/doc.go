@@ -7,8 +7,9 @@
 //
 //	POST /v1/projects/{project}/topics/{topic}:publish   Pub/Sub REST publish
 //	POST /v1/topics/{topic}:publish                      the same, in Config.DefaultProject
-//	POST /v1/projects/{project}/topics/{topic}/events    one CloudEvent, binary or structured mode
+//	POST /v1/projects/{project}/topics/{topic}/events    one CloudEvent, binary or structured mode, or a batch
 //	POST /v1/topics/{topic}/events                       the same, in Config.DefaultProject
+//	OPTIONS on both /events routes                       CloudEvents webhook validation (WebHook-Request-Origin)
 //	GET  /v1/projects/{project}/subscriptions/{subscription}/didcomm/threads/{thread}
 //	                                                     a DIDComm thread's received_orders
 //	GET  /v1/subscriptions/{subscription}/didcomm/threads/{thread}

@@ -103,6 +103,8 @@ func statusName(code int) string {
 	switch code {
 	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType:
 		return "INVALID_ARGUMENT"
+	case http.StatusForbidden:
+		return "PERMISSION_DENIED"
 	case http.StatusNotFound:
 		return "NOT_FOUND"
 	case http.StatusMethodNotAllowed:

@@ -18,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetorder/jetorder/adapter"
-	"github.com/jetorder/jetorder/cloudevents"
 	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -63,6 +62,19 @@ type Config struct {
 	// :publish through its Publish. nil: only publish is served, straight
 	// through the broker, and the other REST routes answer 404.
 	PubSub PubSub
+	// WebhookAllowedOrigins are the origins (WebHook-Request-Origin
+	// values, such as eventemitter.example.com, compared without regard
+	// to case) whose CloudEvents webhook validation requests on the
+	// /events routes are granted; "*.example.com" allows the subdomains
+	// of example.com, "*" every origin. Empty: every origin, since
+	// publishing itself needs no credentials. The handshake protects
+	// senders, not the API: a POST is not checked against this list.
+	WebhookAllowedOrigins []string
+	// WebhookAllowedRate is the rate, in requests per minute, granted to
+	// an allowed origin in WebHook-Allowed-Rate; zero or less grants "*"
+	// (no limit). The sidecar tells senders the rate but does not enforce
+	// it.
+	WebhookAllowedRate int
 }
 
 type api struct {
@@ -74,6 +86,7 @@ type api struct {
 	mux            *http.ServeMux
 	pubsub         PubSub   // nil without the REST API
 	rest           *restAPI // its routes; nil without it
+	webhook        webhookPolicy
 }
 
 // New returns the HTTP API's handler (routes in the package comment). It
@@ -93,6 +106,7 @@ func New(cfg Config) http.Handler {
 		maxBody:        cfg.MaxBodyBytes,
 		mux:            http.NewServeMux(),
 		pubsub:         cfg.PubSub,
+		webhook:        newWebhookPolicy(cfg.WebhookAllowedOrigins, cfg.WebhookAllowedRate),
 	}
 	if a.ready == nil {
 		a.ready = connected(a.b.Conn())
@@ -276,57 +290,6 @@ func (a *api) parsePublish(body []byte, topic string) ([]*adapter.Message, error
 		msgs[i] = m
 	}
 	return msgs, nil
-}
-
-type eventResponse struct {
-	MessageID string `json:"messageId"`
-}
-
-// events publishes one CloudEvent, read in binary or structured HTTP mode,
-// as a binary-mode NATS message with its partitionkey as ordering key.
-func (a *api) events(w http.ResponseWriter, r *http.Request, project string) {
-	if !a.allow(w, r, http.MethodPost) {
-		return
-	}
-	topic := r.PathValue("topic")
-	if err := validateNames(project, topic); err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	hm, err := newHTTPMessage(r.Header) // before the body: 415 needs no body
-	if err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	if hm.body, err = a.readBody(w, r); err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	e, err := hm.toEvent()
-	if err == nil && hm.format != nil {
-		err = checkSurrogates(hm.body) // valid JSON now
-	}
-	if err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	key, err := partitionKey(e)
-	if err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	m, err := cloudevents.Encode(*e, cloudevents.Binary)
-	if err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	m.OrderingKey = key
-	ids, err := a.send(r, project, topic, []*adapter.Message{m})
-	if err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	a.writeJSON(w, http.StatusOK, eventResponse{MessageID: ids[0]})
 }
 
 // send publishes msgs and waits until every one is stored.

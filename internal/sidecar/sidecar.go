@@ -55,6 +55,11 @@ type Config struct {
 	Project  string // the HTTP API's project when a route names none
 	Replicas int    // of the streams and buckets the sidecar creates
 
+	// The CloudEvents webhook validation handshake of the HTTP API:
+	// httpapi.Config's fields of the same names.
+	WebhookAllowedOrigins []string
+	WebhookAllowedRate    int
+
 	// Delivery is the delivery mode of ordered subscriptions created
 	// without a jetorder-delivery label.
 	Delivery adapter.DeliveryMode
@@ -185,6 +190,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 				Ready:          func(ctx context.Context) error { return checkReady(ctx, nc, js) },
 				Logger:         log,
 				PubSub:         api, // the Pub/Sub REST API, over the gRPC server's methods
+
+				WebhookAllowedOrigins: cfg.WebhookAllowedOrigins,
+				WebhookAllowedRate:    cfg.WebhookAllowedRate,
 			}),
 			ReadHeaderTimeout: 10 * time.Second,
 			TLSConfig:         tlsConf,
