@@ -184,7 +184,8 @@ func (b *bench) didcommReceive(keys, msgs int) (raw, plain, tracked float64) {
 // didcommSidecar times the same messages through the sidecar with Google's
 // Go client, on a subscription without and with the label that has the
 // sidecar track DIDComm sequencing.
-func (s *sidecarBench) didcommSidecar(keys, msgs int) (untracked, tracked float64) {
+func (s *sidecarBench) didcommSidecar(keys, msgs int) (raw, untracked, tracked float64) {
+	raw = s.b.raw(s.b.name("raw-didcomm"), msgs, 1000)
 	payloads := didcommPayloads(keys, msgs)
 	receive := func(wantTracked bool) func(context.Context, *adapter.Subscription, func()) error {
 		return func(ctx context.Context, sub *adapter.Subscription, count func()) error {
@@ -199,5 +200,5 @@ func (s *sidecarBench) didcommSidecar(keys, msgs int) (untracked, tracked float6
 	}
 	untracked = s.b.timeDIDComm(keys, payloads, nil, receive(false))
 	tracked = s.b.timeDIDComm(keys, payloads, map[string]string{broker.LabelDIDComm: broker.DIDCommTrack}, receive(true))
-	return untracked, tracked
+	return raw, untracked, tracked
 }
