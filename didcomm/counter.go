@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -47,9 +48,12 @@ type counterSeen struct{ last, rev uint64 }
 
 const (
 	// maxReserveAttempts bounds the compare-and-set attempts of one
-	// reservation: each failure means another reservation succeeded, so
-	// only a crowd of reservers for one counter can exhaust it.
-	maxReserveAttempts = 100
+	// reservation: each failure means another reservation succeeded, and
+	// the loser waits a random while (up to maxConflictWait, growing with
+	// its losses) before trying again, so a crowd of reservers for one
+	// counter spreads out instead of losing in step.
+	maxReserveAttempts = 1000
+	maxConflictWait    = 20 * time.Millisecond
 	// maxSeenCounters bounds the revision hints kept; beyond it they are
 	// dropped and counters are read before being written.
 	maxSeenCounters = 10000
@@ -96,7 +100,7 @@ func (s *KVSequencer) Reserve(ctx context.Context, thread, sender string, n uint
 	defer cancel()
 	key := s.key(thread, sender)
 	cur, hinted := s.hint(key)
-	for range maxReserveAttempts {
+	for attempt := range maxReserveAttempts {
 		if !hinted {
 			if cur, err = s.read(ctx, key); err != nil {
 				return 0, err
@@ -113,6 +117,10 @@ func (s *KVSequencer) Reserve(ctx context.Context, thread, sender string, n uint
 			return cur.last + 1, nil
 		case conflict(err):
 			hinted = false // another reservation came first: read it
+			if err := conflictWait(ctx, attempt); err != nil {
+				s.forget(key)
+				return 0, fmt.Errorf("%w: reserve orders of thread %q sender %q: %v", ErrStateConflict, thread, sender, err)
+			}
 			continue
 		default:
 			s.forget(key)
@@ -249,6 +257,20 @@ func conflict(err error) bool {
 }
 
 // withDefaultTimeout gives ctx a deadline when it has none.
+// conflictWait waits a random while after the attempt-th lost
+// compare-and-set (counted from 0), or until ctx ends.
+func conflictWait(ctx context.Context, attempt int) error {
+	limit := min(time.Duration(1<<min(attempt, 10))*50*time.Microsecond, maxConflictWait)
+	t := time.NewTimer(rand.N(limit) + 1)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return ctx, func() {}
