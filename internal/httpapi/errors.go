@@ -11,6 +11,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/cloudevents"
+	"github.com/jetorder/jetorder/didcomm"
 	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -48,7 +49,8 @@ func statusOf(err error) int {
 	// broker's publisher handle) wraps that failure's cause, which says
 	// nothing about this request: it is transient, the broker resumes the
 	// key once the failed request has all its results.
-	case errors.Is(err, adapter.ErrPublishingPaused):
+	case errors.Is(err, adapter.ErrPublishingPaused),
+		errors.Is(err, didcomm.ErrStateConflict): // DIDComm stamping lost every compare-and-set: try again
 		return http.StatusServiceUnavailable
 	case errors.Is(err, keyrouter.ErrInvalidProjectID),
 		errors.Is(err, keyrouter.ErrInvalidTopicID),

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/didcomm"
 	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -304,7 +305,8 @@ func toStatus(err error) error {
 		errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout),
 		errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionDraining),
 		errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrConnectionReconnecting),
-		errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, jetstream.ErrJetStreamNotEnabled),
+		errors.Is(err, didcomm.ErrStateConflict): // DIDComm stamping lost every compare-and-set: try again
 		code = codes.Unavailable
 	default:
 		var apiErr *jetstream.APIError
