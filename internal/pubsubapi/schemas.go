@@ -581,11 +581,15 @@ func (s *SchemaServer) GetSchema(ctx context.Context, req *pb.GetSchemaRequest) 
 	if err != nil {
 		return nil, err
 	}
-	view := req.GetView()
+	return revisionProto(req.GetName(), rev, viewOr(req.GetView(), pb.SchemaView_FULL)), nil
+}
+
+// viewOr is view, or def when the request leaves it unspecified.
+func viewOr(view, def pb.SchemaView) pb.SchemaView {
 	if view == pb.SchemaView_SCHEMA_VIEW_UNSPECIFIED {
-		view = pb.SchemaView_FULL
+		return def
 	}
-	return revisionProto(req.GetName(), rev, view), nil
+	return view
 }
 
 // revisionOf is the revision a reference names: the newest if none.
@@ -635,10 +639,7 @@ func (s *SchemaServer) ListSchemas(ctx context.Context, req *pb.ListSchemasReque
 	if err != nil {
 		return nil, err
 	}
-	view := req.GetView()
-	if view == pb.SchemaView_SCHEMA_VIEW_UNSPECIFIED {
-		view = pb.SchemaView_BASIC
-	}
+	view := viewOr(req.GetView(), pb.SchemaView_BASIC) // the lists' default
 	resp := &pb.ListSchemasResponse{NextPageToken: next}
 	for _, ref := range refs {
 		rec, _, err := s.load(ctx, ref)
@@ -676,10 +677,7 @@ func (s *SchemaServer) ListSchemaRevisions(ctx context.Context, req *pb.ListSche
 	if err != nil {
 		return nil, err
 	}
-	view := req.GetView()
-	if view == pb.SchemaView_SCHEMA_VIEW_UNSPECIFIED {
-		view = pb.SchemaView_BASIC
-	}
+	view := viewOr(req.GetView(), pb.SchemaView_BASIC) // the lists' default
 	resp := &pb.ListSchemaRevisionsResponse{}
 	for i := len(rec.Revisions) - 1; i >= 0; i-- {
 		rev := rec.Revisions[i]
