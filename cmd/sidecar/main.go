@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/pubsubapi"
+	"github.com/jetorder/jetorder/internal/push"
 	"github.com/jetorder/jetorder/internal/sidecar"
 )
 
@@ -52,7 +54,7 @@ func parseConfig(args []string) (config, error) {
 	str(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS")
 	str(&c.Project, "project", "default", "project of HTTP routes that name none")
 	str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	var delivery, replicas, maxOutstanding, maxStreams, shutdown, webhookOrigins, webhookRate string
+	var delivery, replicas, maxOutstanding, maxStreams, shutdown, webhookOrigins, webhookRate, pushMax string
 	str(&delivery, "delivery", string(adapter.DefaultDelivery), `delivery of ordered subscriptions created without a jetorder-delivery label: "per-key" or "partitioned" (docs/SIDECAR.md)`)
 	str(&replicas, "replicas", "1", "replicas of the streams and buckets the sidecar creates (3 in a cluster)")
 	str(&maxOutstanding, "max-outstanding-messages", "1000", "messages one subscription holds in the sidecar: with clients or waiting for one")
@@ -60,6 +62,8 @@ func parseConfig(args []string) (config, error) {
 	str(&shutdown, "shutdown-timeout", "5s", "how long shutdown waits for clients to ack what they hold")
 	str(&webhookOrigins, "webhook-allowed-origins", "*", `CloudEvents webhook validation: origins granted, comma-separated ("*" all, "*.example.com" its subdomains)`)
 	str(&webhookRate, "webhook-allowed-rate", "*", `CloudEvents webhook validation: requests per minute granted ("*" no limit; advisory, not enforced)`)
+	str(&c.PushAllow, "push-allow", push.DefaultAllow, `push endpoints subscriptions may name, comma-separated: "loopback", host names, *.domain, IPs, CIDR prefixes, each with an optional :port ("off" disables push)`)
+	str(&pushMax, "push-max-outstanding", strconv.Itoa(pubsubapi.DefaultPushMaxOutstanding), "push requests in flight per subscription, for ordering keys and for unkeyed messages each")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -83,6 +87,15 @@ func parseConfig(args []string) (config, error) {
 	c.Replicas = positive("replicas", replicas)
 	c.MaxOutstandingMessages = positive("max-outstanding-messages", maxOutstanding)
 	c.MaxStreams = positive("max-streams", maxStreams)
+	c.PushMaxOutstanding = positive("push-max-outstanding", pushMax)
+	switch strings.TrimSpace(c.PushAllow) {
+	case "", "off":
+		c.PushAllow = "off" // nothing allowed
+	default:
+		if _, e := push.ParseAllowList(c.PushAllow); e != nil {
+			err = errors.Join(err, e)
+		}
+	}
 	if d, e := time.ParseDuration(shutdown); e != nil || d <= 0 {
 		err = errors.Join(err, fmt.Errorf("--shutdown-timeout %q: want a duration such as 5s", shutdown))
 	} else {

@@ -26,6 +26,7 @@ import (
 	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/internal/httpapi"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
+	"github.com/jetorder/jetorder/internal/push"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
@@ -50,7 +51,11 @@ func newRESTEnv(t *testing.T, cfg httpapi.Config) *restEnv {
 	b := broker.New(nc, nil, nil)
 	t.Cleanup(b.Close)
 	schemas := pubsubapi.NewSchemaServer(nc, 1, nil)
-	ps := pubsubapi.New(b, pubsubapi.Config{PullWait: 2 * time.Second, Schemas: schemas})
+	allow, err := push.ParseAllowList(push.DefaultAllow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := pubsubapi.New(b, pubsubapi.Config{PullWait: 2 * time.Second, Schemas: schemas, PushAllow: allow})
 	t.Cleanup(ps.Close)
 	cfg.Broker, cfg.PubSub = b, ps
 	srv := httptest.NewServer(httpapi.New(cfg))
@@ -263,7 +268,7 @@ func TestRESTSubscriptions(t *testing.T) {
 	e.fails(t, "PUT", "subscriptions/orphan", `{"topic": "`+topicName("nope")+`"}`, 404, "NOT_FOUND")
 	mustContain(t, "no topic", e.fails(t, "PUT", "subscriptions/orphan", `{}`, 400, "INVALID_ARGUMENT"), "invalid topic name")
 	mustContain(t, "push", e.fails(t, "PUT", "subscriptions/pushy", `{"topic": "`+topicName("events")+`", "pushConfig": {"pushEndpoint": "https://example.com/push"}}`, 400, "INVALID_ARGUMENT"),
-		"push subscriptions are not supported")
+		"not allowed")
 
 	var got pb.Subscription
 	e.ok(t, "GET", "subscriptions/events-sub", "", &got)
@@ -475,8 +480,26 @@ func TestRESTDetachAndPush(t *testing.T) {
 	e.ok(t, "PUT", "topics/feed", "", nil)
 	e.ok(t, "PUT", "subscriptions/feed-sub", `{"topic": "`+topicName("feed")+`"}`, nil)
 
-	// Push is not built yet: the gRPC server's answer.
-	e.fails(t, "POST", "subscriptions/feed-sub:modifyPushConfig", `{"pushConfig": {"pushEndpoint": "https://example.com/push"}}`, 501, "UNIMPLEMENTED")
+	// Push: only to allowed endpoints (loopback here); a push
+	// subscription cannot be pulled; an empty push config makes it a pull
+	// subscription again.
+	mustContain(t, "push elsewhere", e.fails(t, "POST", "subscriptions/feed-sub:modifyPushConfig",
+		`{"pushConfig": {"pushEndpoint": "https://example.com/push"}}`, 400, "INVALID_ARGUMENT"), "not allowed")
+	e.fails(t, "POST", "subscriptions/feed-sub:modifyPushConfig", `{}`, 400, "INVALID_ARGUMENT")
+	e.fails(t, "POST", "subscriptions/nope:modifyPushConfig", `{"pushConfig": {}}`, 404, "NOT_FOUND")
+	e.ok(t, "POST", "subscriptions/feed-sub:modifyPushConfig", `{"pushConfig": {"pushEndpoint": "http://127.0.0.1:9/push", "noWrapper": {"writeMetadata": true}}}`, nil)
+	var pushed pb.Subscription
+	e.ok(t, "GET", "subscriptions/feed-sub", "", &pushed)
+	if pc := pushed.GetPushConfig(); pc.GetPushEndpoint() != "http://127.0.0.1:9/push" || !pc.GetNoWrapper().GetWriteMetadata() {
+		t.Errorf("push config after :modifyPushConfig: %v", pc)
+	}
+	mustContain(t, "pull a push subscription", e.fails(t, "POST", "subscriptions/feed-sub:pull", `{"maxMessages": 1}`, 400, "FAILED_PRECONDITION"),
+		"not supported for push subscriptions")
+	e.ok(t, "POST", "subscriptions/feed-sub:modifyPushConfig", `{"pushConfig": {}}`, nil)
+	e.ok(t, "GET", "subscriptions/feed-sub", "", &pushed)
+	if pc := pushed.GetPushConfig(); pc.GetPushEndpoint() != "" || pc.GetWrapper() != nil {
+		t.Errorf("push config after an empty :modifyPushConfig: %v", pc)
+	}
 
 	// :detach has no body.
 	var resp pb.DetachSubscriptionResponse

@@ -124,6 +124,8 @@ type Registry struct {
 	DIDCommGapsGivenUp PerSubscription // missing orders no longer tracked (too many gaps)
 	DIDCommCopies      PerSubscription // copies of handled messages acked and dropped
 
+	PushFailures PerSubscription // push requests that were not acked (each nacks its message)
+
 	Streams     Gauge // open StreamingPull streams
 	Outstanding Gauge // messages handed to clients and not yet settled
 
@@ -193,6 +195,7 @@ func (r *Registry) Write(w io.Writer) error {
 	perSub(ew, "jetorder_didcomm_gaps_filled_total", "counter", "Missing DIDComm sender orders that arrived late.", r.DIDCommGapsFilled.values())
 	perSub(ew, "jetorder_didcomm_gaps_given_up_total", "counter", "Missing DIDComm sender orders no longer tracked: more gap ranges than the tracker keeps per sender.", r.DIDCommGapsGivenUp.values())
 	perSub(ew, "jetorder_didcomm_copies_dropped_total", "counter", "Copies of DIDComm messages already handled, acked and dropped by the sidecar.", r.DIDCommCopies.values())
+	perSub(ew, "jetorder_push_failures_total", "counter", "Push requests the endpoint did not ack (an error status, a timeout, a refused connection): each nacks its message.", r.PushFailures.values())
 	for _, g := range subGauges {
 		perSub(ew, g.name, "gauge", g.help, g.fn())
 	}

@@ -46,6 +46,9 @@ type dispatcher struct {
 	// cfg is the subscription's configuration, refreshed every second
 	// (refresh) so updates made through any sidecar reach this one.
 	cfg atomic.Pointer[adapter.SubscriptionConfig]
+	// push is where cfg says to push the messages; nil for a pull
+	// subscription (push.go).
+	push atomic.Pointer[pushTarget]
 	// didcomm is the subscription's DIDComm tracker, used while its labels
 	// ask for tracking.
 	didcomm didcommTracking
@@ -348,6 +351,7 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 // waiting for a client when DIDComm tracking is switched on or off.
 func (d *dispatcher) setConfig(cfg *adapter.SubscriptionConfig) {
 	d.cfg.Store(cfg)
+	d.push.Store(newPushTarget(cfg))
 	tracking := broker.DIDCommTracked(cfg.Labels)
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -61,6 +61,9 @@ func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 		return err
 	}
 	defer d.detach()
+	if d.push.Load() != nil {
+		return errPushSubscription
+	}
 
 	st := &pullStream{s: s, d: d, stream: stream, flow: newFlow(first.GetMaxOutstandingMessages(), first.GetMaxOutstandingBytes())}
 	st.deadline.Store(int64(deadline))
@@ -160,6 +163,10 @@ func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
 		}
 		if l == nil {
 			break
+		}
+		if d.push.Load() != nil { // made a push subscription meanwhile
+			d.refuse(l)
+			return errPushSubscription
 		}
 		deadline := time.Duration(st.deadline.Load())
 		if deadline == 0 {
@@ -381,6 +388,9 @@ func (s *Server) Pull(ctx context.Context, req *pb.PullRequest) (*pb.PullRespons
 		return nil, err
 	}
 	defer d.detach()
+	if d.push.Load() != nil {
+		return nil, errPushSubscription
+	}
 	wait := s.cfg.PullWait
 	if req.GetReturnImmediately() {
 		wait = 50 * time.Millisecond // a moment for a message already waiting in a handler

@@ -34,6 +34,7 @@ import (
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/push"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -59,6 +60,13 @@ type Config struct {
 	// Schemas validates the messages published to topics with schema
 	// settings. Default: a SchemaServer over the broker's connection.
 	Schemas *SchemaServer
+	// PushAllow says which push endpoints subscriptions may name
+	// (--push-allow); nil disables push subscriptions.
+	PushAllow *push.AllowList
+	// PushMaxOutstanding bounds the push requests in flight per
+	// subscription, for ordering keys and for unkeyed messages each.
+	// Default DefaultPushMaxOutstanding.
+	PushMaxOutstanding int
 }
 
 // Server implements pb.PublisherServer and pb.SubscriberServer.
@@ -75,6 +83,7 @@ type Server struct {
 
 	partitions adapter.ReceiveStats // of every subscription's Receive
 	snapshots  snapshotStore
+	pusher     *pushRunner // nil: push subscriptions are disabled
 
 	mu          sync.Mutex
 	dispatchers map[string]*dispatcher // projects/P/subscriptions/S
@@ -100,6 +109,9 @@ func New(b *broker.Broker, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.PushMaxOutstanding <= 0 {
+		cfg.PushMaxOutstanding = DefaultPushMaxOutstanding
+	}
 	if cfg.Schemas == nil {
 		cfg.Schemas = NewSchemaServer(b.Conn(), 1, cfg.Logger)
 	}
@@ -111,6 +123,14 @@ func New(b *broker.Broker, cfg Config) *Server {
 		js, _ = jetstream.New(nc)
 	}
 	s.snapshots = newSnapshotStore(js, cfg.Replicas)
+	if js != nil && cfg.PushAllow != nil {
+		if r, err := newPushRunner(s, js, cfg.PushAllow, cfg.PushMaxOutstanding); err != nil {
+			s.log.Error("push subscriptions disabled", "err", err)
+		} else {
+			s.pusher = r
+			r.start()
+		}
+	}
 	b.Metrics.GaugeFunc("jetorder_active_keys", "Ordering keys with a message held by this sidecar (with a client or waiting for one).",
 		func() (float64, bool) { return float64(s.activeKeys()), true })
 	b.Metrics.GaugeFunc("jetorder_max_delivery_attempt", "The highest delivery attempt among messages handed to subscribers now: "+
@@ -139,7 +159,11 @@ func (s *Server) Register(g *grpc.Server) {
 // back at once, leases still out are handed back too (they are redelivered
 // to whoever receives next), and Close waits for the Receive calls to end.
 func (s *Server) Close() {
-	for _, d := range s.shut() {
+	ds := s.shut()
+	if s.pusher != nil {
+		s.pusher.close() // requests in flight are abandoned: their messages go back
+	}
+	for _, d := range ds {
 		d.stop()
 	}
 	s.wg.Wait()

@@ -19,6 +19,56 @@ type subSettings struct {
 	// (never expires), 0 for a policy without a ttl (never expires
 	// either, as the service reads it).
 	ExpirationMS *int64 `json:"expiration_ms,omitempty"`
+	// Push is the push_config of a push subscription; nil for a pull
+	// subscription.
+	Push *pushSettings `json:"push,omitempty"`
+}
+
+// pushSettings is a push_config as it was set (push.go delivers it).
+type pushSettings struct {
+	Endpoint      string            `json:"endpoint"`
+	Attributes    map[string]string `json:"attributes,omitempty"`
+	NoWrapper     bool              `json:"no_wrapper,omitempty"`
+	WriteMetadata bool              `json:"write_metadata,omitempty"`
+	// The oidc_token authentication method: kept and returned, but no
+	// token is sent (docs/SIDECAR.md).
+	OIDCServiceAccount string `json:"oidc_service_account_email,omitempty"`
+	OIDCAudience       string `json:"oidc_audience,omitempty"`
+	OIDC               bool   `json:"oidc,omitempty"`
+}
+
+// newPushSettings reads a push_config; an empty endpoint is a pull
+// subscription (nil).
+func newPushSettings(pc *pb.PushConfig) *pushSettings {
+	if pc.GetPushEndpoint() == "" {
+		return nil
+	}
+	ps := &pushSettings{Endpoint: pc.GetPushEndpoint(), Attributes: pc.GetAttributes()}
+	if nw := pc.GetNoWrapper(); nw != nil {
+		ps.NoWrapper, ps.WriteMetadata = true, nw.GetWriteMetadata()
+	}
+	if t := pc.GetOidcToken(); t != nil {
+		ps.OIDC, ps.OIDCServiceAccount, ps.OIDCAudience = true, t.GetServiceAccountEmail(), t.GetAudience()
+	}
+	return ps
+}
+
+// proto is the push_config of ps; an empty one for a pull subscription.
+func (ps *pushSettings) proto() *pb.PushConfig {
+	if ps == nil {
+		return &pb.PushConfig{}
+	}
+	out := &pb.PushConfig{PushEndpoint: ps.Endpoint, Attributes: ps.Attributes}
+	if ps.NoWrapper {
+		out.Wrapper = &pb.PushConfig_NoWrapper_{NoWrapper: &pb.PushConfig_NoWrapper{WriteMetadata: ps.WriteMetadata}}
+	} else {
+		out.Wrapper = &pb.PushConfig_PubsubWrapper_{PubsubWrapper: &pb.PushConfig_PubsubWrapper{}}
+	}
+	if ps.OIDC {
+		out.AuthenticationMethod = &pb.PushConfig_OidcToken_{OidcToken: &pb.PushConfig_OidcToken{
+			ServiceAccountEmail: ps.OIDCServiceAccount, Audience: ps.OIDCAudience}}
+	}
+	return out
 }
 
 // The service's bounds and defaults.
@@ -36,7 +86,7 @@ func newSubSettings(sub *pb.Subscription) (*subSettings, error) {
 	st := &subSettings{RetentionMS: defaultSubRetention.Milliseconds()}
 	ttl := defaultExpiration.Milliseconds()
 	st.ExpirationMS = &ttl
-	for _, p := range []string{"message_retention_duration", "retain_acked_messages", "expiration_policy"} {
+	for _, p := range []string{"message_retention_duration", "retain_acked_messages", "expiration_policy", "push_config"} {
 		if err := st.update(p, sub); err != nil {
 			return nil, err
 		}
@@ -79,6 +129,8 @@ func (st *subSettings) update(path string, in *pb.Subscription) error {
 			ms = ttl.AsDuration().Milliseconds()
 		}
 		st.ExpirationMS = &ms
+	case "push_config":
+		st.Push = newPushSettings(in.GetPushConfig())
 	}
 	return nil
 }
@@ -114,6 +166,7 @@ func decodeSubSettings(b []byte) *subSettings {
 func (st *subSettings) apply(out *pb.Subscription) {
 	out.MessageRetentionDuration = durationpb.New(time.Duration(st.RetentionMS) * time.Millisecond)
 	out.RetainAckedMessages = st.RetainAcked
+	out.PushConfig = st.Push.proto()
 	if st.ExpirationMS != nil {
 		out.ExpirationPolicy = &pb.ExpirationPolicy{}
 		if *st.ExpirationMS > 0 {

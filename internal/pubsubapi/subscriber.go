@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/push"
 )
 
 // CreateSubscription creates a pull subscription with the service's
@@ -21,7 +22,7 @@ import (
 // message_retention_duration, retain_acked_messages and expiration_policy;
 // filter (messages that do not match are acked unseen);
 // enable_exactly_once_delivery (acks confirmed by JetStream before they
-// are reported, see pull.go). Push and export are refused.
+// are reported, see pull.go); push_config (push.go). Export is refused.
 func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (*pb.Subscription, error) {
 	project, id, err := parseSubscription(sub.GetName())
 	if err != nil {
@@ -32,8 +33,6 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 		return nil, err
 	}
 	switch {
-	case sub.GetPushConfig().GetPushEndpoint() != "":
-		return nil, invalid("subscription %s: push subscriptions are not supported", sub.GetName())
 	case sub.GetBigqueryConfig() != nil || sub.GetCloudStorageConfig() != nil || sub.GetBigtableConfig() != nil:
 		return nil, invalid("subscription %s: export subscriptions are not supported", sub.GetName())
 	case len(sub.GetMessageTransforms()) > 0:
@@ -50,6 +49,9 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 	}
 	settings, err := newSubSettings(sub)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.checkPush(sub.GetName(), settings.Push, sub.GetLabels()); err != nil {
 		return nil, err
 	}
 	c, err := s.client(project)
@@ -76,9 +78,17 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 	if cfg.DeadLetterPolicy, err = s.deadLetterPolicy(sub.GetDeadLetterPolicy()); err != nil {
 		return nil, err
 	}
+	if settings.Push != nil {
+		if err := s.indexPush(ctx, sub.GetName()); err != nil {
+			return nil, err
+		}
+	}
 	created, err := c.CreateSubscription(ctx, id, cfg)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	if settings.Push != nil {
+		s.pusher.poke(sub.GetName())
 	}
 	return s.subscriptionProto(ctx, created)
 }
@@ -167,7 +177,7 @@ func (s *Server) GetSubscription(ctx context.Context, req *pb.GetSubscriptionReq
 // UpdateSubscription changes the fields its update_mask names. The
 // topic, message ordering and filter cannot change after creation, as in
 // the service; enable_exactly_once_delivery can be turned on and off, as
-// in the service; push and export are refused as at creation.
+// in the service; export is refused as at creation.
 func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscriptionRequest) (*pb.Subscription, error) {
 	in := req.GetSubscription()
 	name := in.GetName()
@@ -213,15 +223,11 @@ func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscript
 			}
 		case "retry_policy":
 			u.SetRetryPolicy, u.RetryPolicy = true, retryPolicy(in.GetRetryPolicy())
-		case "message_retention_duration", "retain_acked_messages", "expiration_policy":
+		case "message_retention_duration", "retain_acked_messages", "expiration_policy", "push_config":
 			if err := settings.update(p, in); err != nil {
 				return nil, err
 			}
 			settingsChanged = true
-		case "push_config":
-			if in.GetPushConfig().GetPushEndpoint() != "" {
-				return nil, invalid("update %s: push subscriptions are not supported", name)
-			}
 		case "enable_exactly_once_delivery":
 			// Streams see the change within a second (the dispatcher's
 			// refresh, at once through this sidecar): acks from then on
@@ -250,11 +256,26 @@ func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscript
 		}
 		u.ServiceSettings = settings.encode()
 	}
+	if settings.Push != nil && (settingsChanged || u.Labels != nil) {
+		labels := cur.Labels
+		if u.Labels != nil {
+			labels = u.Labels
+		}
+		if err := s.checkPush(name, settings.Push, labels); err != nil {
+			return nil, err
+		}
+		if err := s.indexPush(ctx, name); err != nil {
+			return nil, err
+		}
+	}
 	if _, err := sub.Update(ctx, u); err != nil {
 		return nil, toStatus(err)
 	}
 	if d := s.dispatcherOf(name); d != nil {
 		d.reload(ctx, sub) // this sidecar's streams see the change at once
+	}
+	if s.pusher != nil {
+		s.pusher.poke(name)
 	}
 	return s.subscriptionProto(ctx, sub)
 }
@@ -308,6 +329,7 @@ func (s *Server) DeleteSubscription(ctx context.Context, req *pb.DeleteSubscript
 	if err := sub.Delete(ctx); err != nil {
 		return nil, toStatus(err)
 	}
+	s.unindexPush(ctx, req.GetSubscription(), 0)
 	return &emptypb.Empty{}, nil
 }
 
@@ -319,6 +341,9 @@ func checkSubscriptionLabels(labels map[string]string) error {
 	}
 	if v, ok := labels[broker.LabelDIDComm]; ok && v != broker.DIDCommTrack {
 		return invalid("label %s %q: the only value is %q (remove the label to stop tracking)", broker.LabelDIDComm, v, broker.DIDCommTrack)
+	}
+	if v, ok := labels[push.FormatLabel]; ok && v != push.FormatLabelCloudEvents {
+		return invalid("label %s %q: the only value is %q", push.FormatLabel, v, push.FormatLabelCloudEvents)
 	}
 	return nil
 }

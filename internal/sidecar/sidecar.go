@@ -33,6 +33,7 @@ import (
 	"github.com/jetorder/jetorder/internal/httpapi"
 	"github.com/jetorder/jetorder/internal/metrics"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
+	"github.com/jetorder/jetorder/internal/push"
 )
 
 // Config is the sidecar's configuration; cmd/sidecar documents each field
@@ -65,7 +66,14 @@ type Config struct {
 	Delivery adapter.DeliveryMode
 
 	MaxOutstandingMessages int // per subscription, held in the sidecar
-	MaxStreams             int // open StreamingPull streams
+	// PushAllow is the allow-list of push endpoints (push.ParseAllowList):
+	// "" means push.DefaultAllow, loopback only; "off" disables push
+	// subscriptions.
+	PushAllow string
+	// PushMaxOutstanding bounds the push requests in flight per
+	// subscription, for ordering keys and unkeyed messages each.
+	PushMaxOutstanding int
+	MaxStreams         int // open StreamingPull streams
 	// ShutdownTimeout bounds how long shutdown waits for clients to settle
 	// the messages they hold before handing them back. Default 5s.
 	ShutdownTimeout time.Duration
@@ -88,6 +96,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 		cfg.ShutdownTimeout = 5 * time.Second
 	}
 	var where Listening
+	var pushAllow *push.AllowList
+	if cfg.PushAllow != "off" {
+		allow := cfg.PushAllow
+		if allow == "" {
+			allow = push.DefaultAllow
+		}
+		var err error
+		if pushAllow, err = push.ParseAllowList(allow); err != nil {
+			return err
+		}
+	}
 	nc, srv, err := connect(cfg, log)
 	if err != nil {
 		return err
@@ -135,6 +154,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 		Replicas:               max(cfg.Replicas, 1),
 		Logger:                 log,
 		Schemas:                schemas, // Publish validates against them
+		PushAllow:              pushAllow,
+		PushMaxOutstanding:     cfg.PushMaxOutstanding,
 	})
 
 	var tlsConf *tls.Config
