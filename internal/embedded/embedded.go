@@ -6,6 +6,7 @@ package embedded
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -38,8 +39,10 @@ type Config struct {
 	ServerName string
 	// ReadyTimeout bounds start-up; default 10s.
 	ReadyTimeout time.Duration
-	// Logging sends the server's own log to stderr.
-	Logging bool
+	// Logger receives the server's own log: notices at debug level,
+	// warnings and errors at theirs. Nil discards it; a fatal error ends
+	// Start with it either way.
+	Logger *slog.Logger
 	// Configure, if set, changes the options last, before the server is
 	// created: authentication, TLS, operator mode and anything else the
 	// fields above do not cover.
@@ -54,10 +57,16 @@ type Config struct {
 // Server is a running embedded nats-server.
 type Server struct {
 	*server.Server
+	lock *storeLock
 }
 
 // Start starts one JetStream-enabled node and waits until it accepts
 // connections. Stop it with Shutdown.
+//
+// It fails at once, naming the cause, when the store directory is not a
+// writable directory (ErrStoreDir), another process has it
+// (ErrStoreLocked), the client port is taken (ErrPortInUse), or the server
+// reports a fatal error while starting.
 func Start(cfg Config) (*Server, error) {
 	if cfg.StoreDir == "" {
 		return nil, errors.New("embedded: StoreDir is required")
@@ -70,6 +79,24 @@ func Start(cfg Config) (*Server, error) {
 	if port == 0 {
 		port = server.RANDOM_PORT
 	}
+	if err := checkStoreDir(cfg.StoreDir); err != nil {
+		return nil, err
+	}
+	lock, err := lockStore(cfg.StoreDir)
+	if err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			lock.release()
+		}
+	}()
+	if !cfg.NoListen && port > 0 {
+		if err := checkPort(host, port); err != nil {
+			return nil, err
+		}
+	}
 	opts := &server.Options{
 		ServerName: cfg.ServerName,
 		Host:       host,
@@ -78,13 +105,13 @@ func Start(cfg Config) (*Server, error) {
 		JetStream:  true,
 		StoreDir:   cfg.StoreDir,
 		NoSigs:     true,
-		NoLog:      !cfg.Logging,
 		// Per-key consumers: a stream has as many consumers as active keys.
 		JetStreamLimits: server.JSLimitOpts{DefaultMaxConsumers: -1},
 		// Pub/Sub accepts messages of 10 MB, which with their attributes
 		// and jetorder's headers need more than the 8 MiB nats-server
 		// accepts without a warning: it warns once at start that payloads
-		// this large are "generally discouraged".
+		// this large are "generally discouraged" (logBridge lowers that
+		// warning to debug: it is this setting's, not the operator's).
 		MaxPayload: MaxPayload,
 	}
 	if cfg.clusterName != "" {
@@ -102,25 +129,34 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded: %w", err)
 	}
-	if cfg.Logging {
-		s.ConfigureLogger()
-	}
+	bridge := newLogBridge(cfg.Logger)
+	s.SetLoggerV2(bridge, false, false, false)
 	go s.Start()
 	timeout := cfg.ReadyTimeout
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
-	if !s.ReadyForConnections(timeout) {
-		s.Shutdown()
-		return nil, fmt.Errorf("%w after %v", ErrNotReady, timeout)
+	// Wait in short steps, so that a fatal error ends the wait at once.
+	for deadline := time.Now().Add(timeout); !s.ReadyForConnections(50 * time.Millisecond); {
+		if err := bridge.fatal(); err != nil {
+			s.Shutdown()
+			return nil, fmt.Errorf("embedded: nats-server: %w", err)
+		}
+		if time.Now().After(deadline) {
+			s.Shutdown()
+			return nil, fmt.Errorf("%w after %v", ErrNotReady, timeout)
+		}
 	}
-	return &Server{Server: s}, nil
+	started = true
+	return &Server{Server: s, lock: lock}, nil
 }
 
-// Shutdown stops the server and waits until it has stopped.
+// Shutdown stops the server, waits until it has stopped, and lets another
+// process have its store.
 func (s *Server) Shutdown() {
 	s.Server.Shutdown()
 	s.Server.WaitForShutdown()
+	s.lock.release()
 }
 
 // Cluster is a set of JetStream nodes routed together on loopback.

@@ -227,7 +227,7 @@ func (s *Server) unindexPush(ctx context.Context, name string, rev uint64) {
 
 // watchIndex keeps a watcher for every entry of JO_PUSH.
 func (r *pushRunner) watchIndex() {
-	defer r.stopWatchers()
+	defer r.stopWatchersExcept(nil)
 	for r.ctx.Err() == nil {
 		kv, err := r.index.open(r.ctx, r.js)
 		if err == nil {
@@ -246,8 +246,11 @@ func (r *pushRunner) watchIndex() {
 	}
 }
 
-// follow applies the watch's entries until it ends.
+// follow applies the watch's entries until it ends. A watch begins with
+// the entries present then: watchers of entries deleted while no watch
+// ran (it is begun anew after an error) stop there.
 func (r *pushRunner) follow(w jetstream.KeyWatcher) {
+	present := map[string]bool{} // until the end of the entries present
 	for {
 		select {
 		case <-r.ctx.Done():
@@ -257,7 +260,11 @@ func (r *pushRunner) follow(w jetstream.KeyWatcher) {
 				return
 			}
 			if e == nil {
-				continue // the end of the entries present when the watch began
+				if present != nil {
+					r.stopWatchersExcept(present)
+					present = nil
+				}
+				continue
 			}
 			name := string(e.Value())
 			if e.Operation() != jetstream.KeyValuePut {
@@ -266,6 +273,9 @@ func (r *pushRunner) follow(w jetstream.KeyWatcher) {
 			}
 			if _, _, err := parseSubscription(name); err != nil {
 				continue // not written by a sidecar
+			}
+			if present != nil {
+				present[name] = true
 			}
 			r.startWatcher(name, e.Revision(), e.Created())
 		}
@@ -317,12 +327,19 @@ func (r *pushRunner) stopWatcher(name string) {
 	}
 }
 
-func (r *pushRunner) stopWatchers() {
+// stopWatchersExcept ends the watchers of subscriptions not in keep (all
+// of them for nil).
+func (r *pushRunner) stopWatchersExcept(keep map[string]bool) {
 	r.mu.Lock()
-	ws := r.watchers
-	r.watchers = make(map[string]*pushWatcher)
+	var gone []*pushWatcher
+	for name, w := range r.watchers {
+		if !keep[name] {
+			gone = append(gone, w)
+			delete(r.watchers, name)
+		}
+	}
 	r.mu.Unlock()
-	for _, w := range ws {
+	for _, w := range gone {
 		close(w.stop)
 	}
 }

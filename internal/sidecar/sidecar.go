@@ -310,7 +310,7 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 		}),
 	}
 	if cfg.NATSURL == "" {
-		ecfg := embedded.Config{StoreDir: cfg.DataDir, NoListen: cfg.NATSListen == ""}
+		ecfg := embedded.Config{StoreDir: cfg.DataDir, NoListen: cfg.NATSListen == "", Logger: log}
 		if cfg.NATSListen != "" {
 			host, port, err := net.SplitHostPort(cfg.NATSListen)
 			if err != nil {
@@ -325,7 +325,12 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 			ecfg.Host = host
 		}
 		srv, err := embedded.Start(ecfg)
-		if err != nil {
+		switch {
+		case errors.Is(err, embedded.ErrStoreDir), errors.Is(err, embedded.ErrStoreLocked):
+			return nil, nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
+		case errors.Is(err, embedded.ErrPortInUse):
+			return nil, nil, fmt.Errorf("--nats-listen %s: %w", cfg.NATSListen, err)
+		case err != nil:
 			return nil, nil, err
 		}
 		nc, err := nats.Connect("", append(opts, nats.InProcessServer(srv))...)

@@ -1,8 +1,14 @@
 package sidecar
 
 import (
+	"context"
 	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestRedactURLs(t *testing.T) {
@@ -31,6 +37,76 @@ func TestBeyondLoopback(t *testing.T) {
 		}
 		if got := beyondLoopback(a); got != want {
 			t.Errorf("beyondLoopback(%s) = %v, want %v", addr, got, want)
+		}
+	}
+}
+
+// A sidecar that cannot start says why at once, naming the flag to change.
+func TestStartupFailures(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	shared := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	ready := make(chan struct{})
+	go func() {
+		first <- Run(ctx, Config{GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", DataDir: shared}, nil, func(Listening) { close(ready) })
+	}()
+	defer func() {
+		cancel()
+		if err := <-first; err != nil {
+			t.Errorf("first sidecar: %v", err)
+		}
+	}()
+	select {
+	case <-ready:
+	case err := <-first:
+		t.Fatalf("first sidecar: %v", err)
+	}
+
+	cases := []struct {
+		name string
+		cfg  Config
+		want []string
+	}{
+		{"NATS port taken", Config{DataDir: t.TempDir(), NATSListen: taken.Addr().String()}, []string{"--nats-listen", "address already in use"}},
+		{"data dir is a file", Config{DataDir: file}, []string{"--data-dir", "is not a directory"}},
+		{"second sidecar on a data dir", Config{DataDir: shared}, []string{"--data-dir", "held by pid " + strconv.Itoa(os.Getpid())}},
+	}
+	if os.Geteuid() != 0 { // root writes anywhere
+		readOnly := t.TempDir()
+		if err := os.Chmod(readOnly, 0o500); err != nil {
+			t.Fatal(err)
+		}
+		cases = append(cases, struct {
+			name string
+			cfg  Config
+			want []string
+		}{"data dir not writable", Config{DataDir: readOnly}, []string{"--data-dir", "is not writable"}})
+	}
+	for _, tc := range cases {
+		tc.cfg.GRPCAddr, tc.cfg.HTTPAddr = "127.0.0.1:0", "off"
+		start := time.Now()
+		err := Run(context.Background(), tc.cfg, nil, func(Listening) { t.Errorf("%s: the sidecar started", tc.name) })
+		took := time.Since(start)
+		if err == nil {
+			t.Errorf("%s: Run returned no error", tc.name)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %q, want it to say %q", tc.name, err, w)
+			}
+		}
+		if took > time.Second {
+			t.Errorf("%s: failed after %v, want under 1s", tc.name, took)
 		}
 	}
 }
