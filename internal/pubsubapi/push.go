@@ -96,7 +96,7 @@ func (s *Server) checkPush(name string, ps *pushSettings, labels map[string]stri
 		return nil
 	}
 	if s.pusher == nil {
-		return invalid("subscription %s: push subscriptions are disabled in this sidecar (%s is empty)", name, push.FlagName)
+		return invalid("subscription %s: push subscriptions are disabled in this sidecar (%s is off)", name, push.FlagName)
 	}
 	if err := s.pusher.allow.Check(ps.Endpoint); err != nil {
 		return invalid("subscription %s: push_config.push_endpoint: %v", name, err)
@@ -251,6 +251,7 @@ func (r *pushRunner) watchIndex() {
 // ran (it is begun anew after an error) stop there.
 func (r *pushRunner) follow(w jetstream.KeyWatcher) {
 	present := map[string]bool{} // until the end of the entries present
+	names := map[string]string{} // key -> subscription name: a delete marker has no value
 	for {
 		select {
 		case <-r.ctx.Done():
@@ -266,14 +267,18 @@ func (r *pushRunner) follow(w jetstream.KeyWatcher) {
 				}
 				continue
 			}
-			name := string(e.Value())
 			if e.Operation() != jetstream.KeyValuePut {
-				r.stopWatcher(name)
+				if name, ok := names[e.Key()]; ok {
+					delete(names, e.Key())
+					r.stopWatcher(name)
+				}
 				continue
 			}
+			name := string(e.Value())
 			if _, _, err := parseSubscription(name); err != nil {
 				continue // not written by a sidecar
 			}
+			names[e.Key()] = name
 			if present != nil {
 				present[name] = true
 			}
@@ -437,7 +442,18 @@ func (w *pushWatcher) run() {
 			}
 			continue
 		}
-		s.log.Info("pushing", "subscription", w.name, "endpoint", d.push.Load().settings.Endpoint)
+		// A dispatcher already running (for pull clients) may not have
+		// read the change yet.
+		d.reload(w.r.ctx, sub)
+		t := d.push.Load()
+		if t == nil {
+			d.detach()
+			if !w.wait(pushIdlePoll) {
+				return
+			}
+			continue
+		}
+		s.log.Info("pushing", "subscription", w.name, "endpoint", t.settings.Endpoint)
 		ended := w.push(d)
 		d.detach()
 		s.log.Info("stopped pushing", "subscription", w.name, "why", ended)
@@ -461,12 +477,15 @@ func (w *pushWatcher) push(d *dispatcher) string {
 	for {
 		select {
 		case l := <-d.ready:
-			t := d.push.Load()
-			if t == nil || w.stopped() {
+			if d.push.Load() == nil {
 				d.refuse(l)
-				continue // the next round ends the loop
+				return "push_config removed"
 			}
-			wg.Go(func() { w.deliver(d, t, l, budget) })
+			if w.stopped() {
+				d.refuse(l)
+				return "stopped"
+			}
+			wg.Go(func() { w.deliver(d, l, budget) })
 		case <-check.C:
 			if d.push.Load() == nil {
 				return "push_config removed"
@@ -488,7 +507,7 @@ func (w *pushWatcher) push(d *dispatcher) string {
 type pushBudget struct{ keyed, unkeyed chan struct{} }
 
 // deliver pushes one message and settles its lease by the outcome.
-func (w *pushWatcher) deliver(d *dispatcher, t *pushTarget, l *lease, budget pushBudget) {
+func (w *pushWatcher) deliver(d *dispatcher, l *lease, budget pushBudget) {
 	ctx := w.r.ctx
 	sem := budget.unkeyed
 	if l.msg.OrderingKey != "" {
@@ -497,6 +516,12 @@ func (w *pushWatcher) deliver(d *dispatcher, t *pushTarget, l *lease, budget pus
 	select {
 	case sem <- struct{}{}:
 	case <-ctx.Done():
+		d.refuse(l)
+		return
+	}
+	t := d.push.Load() // as it is now, after waiting for the budget
+	if t == nil {
+		<-sem
 		d.refuse(l)
 		return
 	}

@@ -19,9 +19,9 @@
 //     nacked with a Reason.
 //   - Backoff, the exponential delay before the next attempt for a key.
 //
-// What it is not yet: the runner that takes messages from the
-// subscription's dispatcher, keeps one request in flight per ordering key,
-// applies Backoff and the dead-letter policy to nacks, and resumes after a
-// restart. That is the next step; it uses this package and nothing here
-// starts a goroutine.
+// The runner that uses them is in internal/pubsubapi/push.go: it takes
+// messages from the subscription's dispatcher, keeps one request in flight
+// per ordering key, applies Backoff to nacks when the subscription has no
+// retry policy, and leaves the dead-letter policy to the adapter. Nothing
+// in this package starts a goroutine.
 package push

@@ -25,8 +25,9 @@ var (
 	// ErrUnencodable is returned by NewRequest when the message cannot be
 	// put in the chosen format (an attribute that is not a valid HTTP header
 	// name or value, or one that would change the request's framing). Such
-	// a message is poison for this subscription: retrying will not help, so
-	// the runner dead-letters or terminates it rather than nacking it.
+	// a message is poison for this subscription: the runner nacks it with
+	// backoff like any failure, so it stays until the format changes or the
+	// dead-letter policy takes it.
 	ErrUnencodable = errors.New("push: message cannot be encoded as a push request")
 
 	// ErrStatus is in Result.Err when the endpoint answered with a status

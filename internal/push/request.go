@@ -268,6 +268,12 @@ func metadataHeaders(h http.Header, subscription string, m Message) error {
 			return err
 		}
 	}
+	return pubsubHeaders(h, subscription, m)
+}
+
+// pubsubHeaders writes the message's Pub/Sub metadata as x-goog-pubsub-*
+// headers.
+func pubsubHeaders(h http.Header, subscription string, m Message) error {
 	h.Set(HeaderSubscription, subscription)
 	h.Set(HeaderMessageID, m.ID)
 	if pt := formatTime(m.PublishTime); pt != "" {
@@ -295,12 +301,32 @@ func metadataHeaders(h http.Header, subscription string, m Message) error {
 // Content-Type, the data is the body; other attributes are not part of the
 // event and are not sent.
 //
+// A message that holds a structured-mode event (its content-type
+// attribute is application/cloudevents+json, or another
+// application/cloudevents+ format) is sent in structured mode: that
+// Content-Type, and the data as the body.
+//
 // Any other message is wrapped in the event Eventarc sends for a Pub/Sub
 // message: type google.cloud.pubsub.topic.v1.messagePublished, source
 // //pubsub.googleapis.com/<topic>, id the message id, time the publish
 // time, and as data the MessagePublishedData JSON, which is the push
 // wrapper ({"message": ..., "subscription": ...}).
+//
+// Every form also carries the message's Pub/Sub metadata as the
+// x-goog-pubsub-* headers of NoWrapperWithMetadata (message id,
+// ordering key, delivery attempt): the event alone has neither.
 func cloudEventsRequest(h http.Header, subscription string, m Message) ([]byte, error) {
+	if err := pubsubHeaders(h, subscription, m); err != nil {
+		return nil, err
+	}
+	for k, v := range m.Attributes {
+		if strings.EqualFold(k, "content-type") && strings.HasPrefix(strings.ToLower(strings.TrimSpace(v)), "application/cloudevents+") {
+			if err := setContentType(h, v); err != nil {
+				return nil, err
+			}
+			return m.Data, nil
+		}
+	}
 	if _, ok := m.Attributes["ce-specversion"]; ok {
 		for k, v := range m.Attributes {
 			lk := strings.ToLower(k)

@@ -198,6 +198,9 @@ func TestNewRequestCloudEventsBinding(t *testing.T) {
 		"Ce-Subject":     "50%25%20%22off%22%20caf%C3%A9",
 		"Content-Type":   "application/json",
 		"User-Agent":     userAgent,
+		// The message's Pub/Sub metadata: the event has no message id.
+		HeaderSubscription: testSub,
+		HeaderMessageID:    "99",
 	}
 	for k, v := range want {
 		if got := req.Header.Get(k); got != v {
@@ -209,6 +212,29 @@ func TestNewRequestCloudEventsBinding(t *testing.T) {
 	}
 	if got := readBody(t, req); got != `{"x":1}` {
 		t.Errorf("body %q", got)
+	}
+}
+
+// A message holding a structured-mode event is pushed as that event.
+func TestNewRequestCloudEventsStructured(t *testing.T) {
+	event := `{"specversion":"1.0","id":"e1","source":"/s","type":"t","data":{"x":1}}`
+	m := Message{Data: []byte(event), ID: "7", OrderingKey: "k",
+		Attributes: map[string]string{"Content-Type": "application/cloudevents+json; charset=utf-8", "other": "dropped"}}
+	req, err := NewRequest(t.Context(), "http://localhost/", CloudEvents, testSub, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := req.Header.Get("Content-Type"); got != "application/cloudevents+json; charset=utf-8" {
+		t.Errorf("Content-Type %q", got)
+	}
+	if req.Header.Get("Ce-Id") != "" || req.Header.Get("Other") != "" {
+		t.Errorf("binary-mode or attribute headers on a structured event: %v", req.Header)
+	}
+	if req.Header.Get(HeaderOrderingKey) != "k" || req.Header.Get(HeaderMessageID) != "7" {
+		t.Errorf("metadata headers %v", req.Header)
+	}
+	if got := readBody(t, req); got != event {
+		t.Errorf("body %q, want the event", got)
 	}
 }
 
