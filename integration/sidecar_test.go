@@ -334,8 +334,8 @@ func TestSidecarStreamFlowControl(t *testing.T) {
 }
 
 // Ack ids are authenticated: a tampered, made-up or foreign one is refused
-// with INVALID_ARGUMENT, and a request holding one changes nothing, not even
-// for the valid ids beside it.
+// with INVALID_ARGUMENT and changes nothing; valid ids beside it are
+// applied, each on its own.
 func TestSidecarRefusesForgedAckIDs(t *testing.T) {
 	sc := startSidecar(t, sidecar.Config{})
 	c := sc.goClient()
@@ -344,8 +344,11 @@ func TestSidecarRefusesForgedAckIDs(t *testing.T) {
 		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("acks"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
 	}
 	pubc, subc := sc.rawClient()
-	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("acks"), Messages: []*pb.PubsubMessage{
-		{Data: []byte("m0"), OrderingKey: "k"}, {Data: []byte("m1"), OrderingKey: "k"}}}); err != nil {
+	var msgs []*pb.PubsubMessage
+	for i := range 10 {
+		msgs = append(msgs, &pb.PubsubMessage{Data: fmt.Appendf(nil, "m%d", i), OrderingKey: "k"})
+	}
+	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("acks"), Messages: msgs}); err != nil {
 		t.Fatal(err)
 	}
 	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("acks-sub"), StreamAckDeadlineSeconds: 60})
@@ -354,22 +357,103 @@ func TestSidecarRefusesForgedAckIDs(t *testing.T) {
 	foreign := other.next().AckId
 	tampered := []byte(m.AckId)
 	tampered[3] ^= 1
-	for _, bad := range []string{"", "x", string(tampered), foreign, strings.Repeat("A", len(m.AckId)), "jetorder.projects.test-project.>", m.AckId + "A"} {
-		_, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("acks-sub"), AckIds: []string{m.AckId, bad}})
+	for i, bad := range []string{"x", string(tampered), foreign, strings.Repeat("A", len(m.AckId)), "jetorder.projects.test-project.>", m.AckId + "A"} {
+		// Alone, nothing happens: m stays leased, so nothing of its key comes.
+		_, err := subc.ModifyAckDeadline(context.Background(), &pb.ModifyAckDeadlineRequest{Subscription: subPath("acks-sub"), AckIds: []string{bad}, AckDeadlineSeconds: 0})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid ack id") {
+			t.Fatalf("ModifyAckDeadline with %q = %v, want INVALID_ARGUMENT invalid ack id", bad, err)
+		}
+		// Beside a valid id: that one is applied, the call still fails.
+		_, err = subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("acks-sub"), AckIds: []string{bad, m.AckId}})
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid ack id") {
 			t.Fatalf("Acknowledge with %q = %v, want INVALID_ARGUMENT invalid ack id", bad, err)
 		}
-		_, err = subc.ModifyAckDeadline(context.Background(), &pb.ModifyAckDeadlineRequest{Subscription: subPath("acks-sub"), AckIds: []string{bad}, AckDeadlineSeconds: 0})
-		if status.Code(err) != codes.InvalidArgument {
-			t.Fatalf("ModifyAckDeadline with %q = %v, want INVALID_ARGUMENT", bad, err)
+		next := rs.next()
+		if want := fmt.Sprintf("m%d", i+1); string(next.GetMessage().GetData()) != want {
+			t.Fatalf("after acking %s beside %q got %s, want %s", m.GetMessage().GetData(), bad, next.GetMessage().GetData(), want)
+		}
+		m = next
+	}
+}
+
+// Ack ids outlive the process that issued them: after a restart, an ack of
+// an earlier process's ack id is applied to the message it names, whether
+// the message is held again or not delivered yet; in a batch with ids of
+// the new process and forged ones, each valid id is applied.
+func TestSidecarAckIDsAcrossRestart(t *testing.T) {
+	dir := t.TempDir()
+	first := startSidecar(t, sidecar.Config{DataDir: dir})
+	c := first.goClient()
+	mustCreateTopic(t, c, "restart-acks")
+	// A short deadline: what the first process handed out comes back soon.
+	for _, s := range []string{"held-sub", "later-sub"} {
+		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("restart-acks"), EnableMessageOrdering: true, AckDeadlineSeconds: 3})
+	}
+	pubc, subc := first.rawClient()
+	var msgs []*pb.PubsubMessage
+	for _, k := range []string{"a", "b"} {
+		for i := range 2 {
+			msgs = append(msgs, &pb.PubsubMessage{Data: fmt.Appendf(nil, "%s%d", k, i), OrderingKey: k})
 		}
 	}
-	// m0 was never acked: nacking it brings it back, not m1.
-	if _, err := subc.ModifyAckDeadline(context.Background(), &pb.ModifyAckDeadlineRequest{Subscription: subPath("acks-sub"), AckIds: []string{m.AckId}}); err != nil {
+	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("restart-acks"), Messages: msgs}); err != nil {
 		t.Fatal(err)
 	}
-	if m := rs.next(); string(m.GetMessage().GetData()) != "m0" {
-		t.Fatalf("after the refused acks and a nack got %q, want m0 again", m.GetMessage().GetData())
+	// The first process hands out a0 and b0 on both subscriptions.
+	stale := map[string]map[string]string{} // subscription -> data -> ack id
+	for _, sub := range []string{"held-sub", "later-sub"} {
+		rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath(sub), StreamAckDeadlineSeconds: 60})
+		stale[sub] = map[string]string{}
+		for range 2 {
+			m := rs.next()
+			stale[sub][string(m.GetMessage().GetData())] = m.AckId
+		}
+	}
+	first.stop() // a0 and b0 come back after their ack deadline
+
+	second := startSidecar(t, sidecar.Config{DataDir: dir})
+	_, subc = second.rawClient()
+	// later-sub: acked before anything is delivered again; the ack waits
+	// for a0's redelivery, which then never reaches a client.
+	if _, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("later-sub"), AckIds: []string{stale["later-sub"]["a0"]}}); err != nil {
+		t.Fatalf("Acknowledge of an earlier process's ack id: %v", err)
+	}
+	later := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("later-sub"), StreamAckDeadlineSeconds: 60})
+	got := map[string]bool{}
+	for range 2 {
+		got[string(later.next().GetMessage().GetData())] = true
+	}
+	if !got["a1"] || !got["b0"] {
+		t.Fatalf("later-sub after acking a0 with the old ack id got %v, want a1 and b0", got)
+	}
+
+	// held-sub: a0 and b0 are held again by the second process; a batch of
+	// a0's old id, b0's new one and a forged id acks both.
+	held := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("held-sub"), StreamAckDeadlineSeconds: 60})
+	fresh := map[string]string{}
+	for range 2 {
+		m := held.next()
+		fresh[string(m.GetMessage().GetData())] = m.AckId
+	}
+	if fresh["a0"] == "" || fresh["b0"] == "" {
+		t.Fatalf("held-sub after the restart got %v, want a0 and b0 again", fresh)
+	}
+	_, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("held-sub"),
+		AckIds: []string{stale["held-sub"]["a0"], fresh["b0"], "forged"}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Acknowledge of a mixed batch = %v, want INVALID_ARGUMENT for the forged id", err)
+	}
+	got = map[string]bool{}
+	for range 2 {
+		got[string(held.next().GetMessage().GetData())] = true
+	}
+	if !got["a1"] || !got["b1"] {
+		t.Fatalf("held-sub after the mixed batch got %v, want a1 and b1: both valid ids applied", got)
+	}
+	// A deadline change of an old id does nothing.
+	if _, err := subc.ModifyAckDeadline(context.Background(), &pb.ModifyAckDeadlineRequest{Subscription: subPath("held-sub"),
+		AckIds: []string{stale["held-sub"]["b0"]}, AckDeadlineSeconds: 0}); err != nil {
+		t.Fatalf("ModifyAckDeadline of an old ack id: %v", err)
 	}
 }
 

@@ -116,6 +116,10 @@ type Registry struct {
 	Nacked       Counter // nacks by clients (ModifyAckDeadline 0) and leases handed back at shutdown
 	Expired      Counter // leases that ran out without ack or extension
 	DeadLettered Counter // messages moved to a dead-letter topic
+	// Ack ids: those refused (not issued by the sidecars of this server for
+	// the subscription), and acks of an earlier process's ack ids honoured.
+	AckIDsRefused Counter
+	StaleAcks     Counter
 
 	// DIDComm tracking by the sidecar, in sender orders (the unit of
 	// received_orders' gaps), per subscription.
@@ -180,6 +184,8 @@ func (r *Registry) Write(w io.Writer) error {
 	counter("jetorder_nacked_total", "Messages handed back: nacked by subscribers (ModifyAckDeadline 0) or at shutdown.", &r.Nacked)
 	counter("jetorder_lease_expired_total", "Messages whose ack deadline passed without ack or extension.", &r.Expired)
 	counter("jetorder_dead_lettered_total", "Messages moved to their subscription's dead-letter topic after the maximum delivery attempts.", &r.DeadLettered)
+	counter("jetorder_ack_ids_refused_total", "Ack ids in Acknowledge, ModifyAckDeadline and StreamingPull requests that the sidecars of this NATS server did not issue for the subscription: ignored, and the request fails once the others are applied.", &r.AckIDsRefused)
+	counter("jetorder_stale_acks_total", "Acks of ack ids issued by an earlier process (a sidecar that restarted) applied to the message they name.", &r.StaleAcks)
 	gauge("jetorder_streaming_pull_streams", "Open StreamingPull streams.", float64(r.Streams.Value()))
 	gauge("jetorder_outstanding_messages", "Messages handed to subscribers and not yet settled.", float64(r.Outstanding.Value()))
 	r.mu.Lock()

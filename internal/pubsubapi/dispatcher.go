@@ -2,10 +2,6 @@ package pubsubapi
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -14,8 +10,6 @@ import (
 	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetorder/jetorder/adapter"
@@ -292,6 +286,12 @@ func (d *dispatcher) endErr() error {
 // nothing.
 func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 	l := &lease{d: d, msg: m, expireBy: time.Now().Add(maxHeldExtension - time.Minute), result: make(chan outcome, 1)}
+	if d.s.stale.take(d.name, m.StreamSequence) {
+		// Acked through an earlier process's ack id before it came back.
+		d.s.b.Metrics.StaleAcks.Inc()
+		m.Ack()
+		return
+	}
 	d.holdKey(m.OrderingKey, 1)
 	defer d.holdKey(m.OrderingKey, -1)
 	for offered := false; !offered; {
@@ -457,7 +457,7 @@ func (d *dispatcher) lease(l *lease, f *flow, deadline time.Duration) *pb.Receiv
 	} else if !l.msg.PublishTime.IsZero() {
 		mt.DeliveryLatency.Observe(time.Since(l.msg.PublishTime))
 	}
-	rm := &pb.ReceivedMessage{AckId: d.s.ackID(d.name, id), Message: messageProto(l.msg)}
+	rm := &pb.ReceivedMessage{AckId: d.s.ackID(d.name, id, l.msg.StreamSequence), Message: messageProto(l.msg)}
 	if l.didcomm != nil {
 		attrs := maps.Clone(rm.Message.Attributes) // the adapter message's own: not to be written
 		if attrs == nil {
@@ -657,59 +657,6 @@ func messageSize(m *adapter.Message, tr *tracked) int {
 		}
 	}
 	return n
-}
-
-// Ack ids are base64url(lease id, 8 bytes | HMAC-SHA256(key, subscription
-// name, lease id), first 16 bytes). The key is new for every process, so an
-// ack id is good only for the subscription and the process that issued it;
-// a client-made one is refused before anything is looked up.
-
-const ackIDMACBytes = 16
-
-func (s *Server) ackID(sub string, id uint64) string {
-	var buf [8 + ackIDMACBytes]byte
-	binary.BigEndian.PutUint64(buf[:8], id)
-	copy(buf[8:], s.ackMAC(sub, buf[:8]))
-	return base64.RawURLEncoding.EncodeToString(buf[:])
-}
-
-func (s *Server) ackMAC(sub string, id []byte) []byte {
-	h := hmac.New(sha256.New, s.ackKey)
-	h.Write([]byte(sub))
-	h.Write([]byte{0})
-	h.Write(id)
-	return h.Sum(nil)[:ackIDMACBytes]
-}
-
-var errInvalidAckID = errors.New("invalid ack id")
-
-// parseAckID returns the lease id of an ack id issued for sub.
-func (s *Server) parseAckID(sub, ackID string) (uint64, error) {
-	if len(ackID) != base64.RawURLEncoding.EncodedLen(8+ackIDMACBytes) {
-		return 0, errInvalidAckID
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(ackID)
-	if err != nil || len(raw) != 8+ackIDMACBytes {
-		return 0, errInvalidAckID
-	}
-	if !hmac.Equal(raw[8:], s.ackMAC(sub, raw[:8])) {
-		return 0, errInvalidAckID
-	}
-	return binary.BigEndian.Uint64(raw[:8]), nil
-}
-
-// parseAckIDs checks every ack id before any is used, so a request with one
-// bad id changes nothing.
-func (s *Server) parseAckIDs(sub string, ackIDs []string) ([]uint64, error) {
-	ids := make([]uint64, len(ackIDs))
-	for i, a := range ackIDs {
-		id, err := s.parseAckID(sub, a)
-		if err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "invalid ack id %.40q for %s: not issued for this subscription by this sidecar", a, sub)
-		}
-		ids[i] = id
-	}
-	return ids, nil
 }
 
 // flow is a stream's flow control: the client's limits on messages and

@@ -250,18 +250,19 @@ func (st *pullStream) apply(req *pb.StreamingPullRequest) (*pb.StreamingPullResp
 			return nil, invalid("modify deadline %d not in 0..%d seconds", secs, maxAckDeadlineSeconds)
 		}
 	}
-	acks, err := st.s.parseAckIDs(st.d.name, req.GetAckIds())
-	if err != nil {
-		return nil, err
-	}
-	mods, err := st.s.parseAckIDs(st.d.name, req.GetModifyDeadlineAckIds())
-	if err != nil {
-		return nil, err
-	}
+	acks, refusedAck := st.s.parseAckIDs(st.d.name, req.GetAckIds())
+	mods, refusedMod := st.s.parseAckIDs(st.d.name, req.GetModifyDeadlineAckIds())
 	eod := st.d.cfg.Load().ExactlyOnce
 	ctx := st.stream.Context()
 	ackRes := settleAll(len(acks), eod, func(i int) ackResult { return st.d.ack(ctx, acks[i], eod) })
 	modRes := settleAll(len(mods), false, func(i int) ackResult { return st.d.modify(mods[i], req.GetModifyDeadlineSeconds()[i]) })
+	// The others are applied: now a refused ack id ends the stream.
+	if refusedAck != nil {
+		return nil, refusedAck
+	}
+	if refusedMod != nil {
+		return nil, refusedMod
+	}
 	if !eod || len(acks)+len(mods) == 0 {
 		return nil, nil
 	}
@@ -317,27 +318,67 @@ func (st *pullStream) respond(resp *pb.StreamingPullResponse) error {
 	return st.stream.Send(resp)
 }
 
-// ack acks lease id: on an exactly-once subscription (eod) once JetStream
-// has confirmed it (ackConfirmed), otherwise at once.
-func (d *dispatcher) ack(ctx context.Context, id uint64, eod bool) ackResult {
-	if eod {
-		return d.ackConfirmed(ctx, id)
-	}
-	if !d.settle(id, outAck) {
+// ack acks what ref names: a lease of this process, on an exactly-once
+// subscription (eod) once JetStream has confirmed it (ackConfirmed),
+// otherwise at once; or a message named by an earlier process's ack id
+// (ackStale).
+func (d *dispatcher) ack(ctx context.Context, ref ackRef, eod bool) ackResult {
+	switch {
+	case ref.epoch == 0: // refused
+		return ackInvalid
+	case !d.s.own(ref):
+		return d.ackStale(ctx, ref.seq, eod)
+	case eod:
+		return d.ackConfirmed(ctx, ref.lease)
+	case !d.settle(ref.lease, outAck):
 		return ackInvalid
 	}
 	return ackOK
 }
 
-// modify nacks lease id for 0 seconds, and otherwise moves its deadline.
-// Neither waits, with exactly-once delivery too: a nack needs no
+// ackStale honours an ack of message seq through an ack id of an earlier
+// process: the lease that holds the message now is acked. Without one the
+// message is acked when it is delivered again (staleAcks), except on an
+// exactly-once subscription, where an ack must be confirmed: the ack id is
+// invalid there.
+func (d *dispatcher) ackStale(ctx context.Context, seq uint64, eod bool) ackResult {
+	d.mu.Lock()
+	var lease uint64
+	for id, l := range d.leases {
+		if l.msg.StreamSequence == seq {
+			lease = id
+			break
+		}
+	}
+	d.mu.Unlock()
+	if lease != 0 {
+		res := d.ack(ctx, ackRef{epoch: d.s.epoch, lease: lease}, eod)
+		if res == ackOK {
+			d.s.b.Metrics.StaleAcks.Inc()
+		}
+		return res
+	}
+	if eod {
+		return ackInvalid
+	}
+	d.s.stale.add(d.name, seq)
+	return ackOK
+}
+
+// modify nacks the lease ref names for 0 seconds, and otherwise moves its
+// deadline. Neither waits, with exactly-once delivery too: a nack needs no
 // confirmation (a nack lost on the way lets the deadline pass instead).
-func (d *dispatcher) modify(id uint64, secs int32) ackResult {
+// An earlier process's ack id names no lease here: its message is
+// delivered again anyway.
+func (d *dispatcher) modify(ref ackRef, secs int32) ackResult {
+	if !d.s.own(ref) {
+		return ackInvalid
+	}
 	var ok bool
 	if secs == 0 {
-		ok = d.settle(id, outNack)
+		ok = d.settle(ref.lease, outNack)
 	} else {
-		ok = d.extend(id, time.Duration(secs)*time.Second)
+		ok = d.extend(ref.lease, time.Duration(secs)*time.Second)
 	}
 	if !ok {
 		return ackInvalid
@@ -441,15 +482,16 @@ func (d *dispatcher) leaseBatch(l *lease, f *flow, deadline time.Duration, max i
 	return batch, ids
 }
 
-// Acknowledge acks messages. Ack ids of leases that have ended are
-// ignored, as in Pub/Sub; an ack id this sidecar did not issue for the
-// subscription fails the request, and none of its ack ids is used. On an
+// Acknowledge acks messages. Each ack id is applied on its own: ack ids of
+// leases that have ended are ignored, as in Pub/Sub; those of an earlier
+// process are honoured (ackid.go); one the sidecars did not issue for the
+// subscription fails the request once the others are applied. On an
 // exactly-once subscription it returns once JetStream has confirmed the
 // acks, and reports ack ids that failed as the service does
 // (exactlyOnceError).
 func (s *Server) Acknowledge(ctx context.Context, req *pb.AcknowledgeRequest) (*emptypb.Empty, error) {
-	err := s.forLeases(ctx, req.GetSubscription(), req.GetAckIds(), true, func(d *dispatcher, id uint64, eod bool) ackResult {
-		return d.ack(ctx, id, eod)
+	err := s.forLeases(ctx, req.GetSubscription(), req.GetAckIds(), true, func(d *dispatcher, ref ackRef, eod bool) ackResult {
+		return d.ack(ctx, ref, eod)
 	})
 	if err != nil {
 		return nil, err
@@ -465,8 +507,8 @@ func (s *Server) ModifyAckDeadline(ctx context.Context, req *pb.ModifyAckDeadlin
 	if secs < 0 || secs > maxAckDeadlineSeconds {
 		return nil, invalid("ack_deadline_seconds %d not in 0..%d", secs, maxAckDeadlineSeconds)
 	}
-	err := s.forLeases(ctx, req.GetSubscription(), req.GetAckIds(), false, func(d *dispatcher, id uint64, _ bool) ackResult {
-		return d.modify(id, secs)
+	err := s.forLeases(ctx, req.GetSubscription(), req.GetAckIds(), false, func(d *dispatcher, ref ackRef, _ bool) ackResult {
+		return d.modify(ref, secs)
 	})
 	if err != nil {
 		return nil, err
@@ -474,26 +516,25 @@ func (s *Server) ModifyAckDeadline(ctx context.Context, req *pb.ModifyAckDeadlin
 	return &emptypb.Empty{}, nil
 }
 
-// forLeases checks every ack id, then calls f for each lease (with
-// whether the subscription has exactly-once delivery; concurrently when it
-// has and confirm says f waits for JetStream). Without a running
-// dispatcher no lease of the subscription is out here, unless the
-// subscription does not exist: NOT_FOUND.
+// forLeases calls f for what each ack id names (with whether the
+// subscription has exactly-once delivery; concurrently when it has and
+// acks says f waits for JetStream). Without a running dispatcher no lease
+// of the subscription is out here, unless the subscription does not
+// exist: NOT_FOUND; acks of an earlier process's ack ids are kept for
+// the messages' redelivery then.
 //
 // Without exactly-once delivery ack ids of leases that have ended are
-// ignored, as in Pub/Sub. With it, each ack id that failed is reported
+// ignored, as in Pub/Sub, and ack ids refused fail the call once the
+// others are applied. With it, each ack id that failed is reported
 // (exactlyOnceError).
-func (s *Server) forLeases(ctx context.Context, sub string, ackIDs []string, confirm bool, f func(d *dispatcher, id uint64, eod bool) ackResult) error {
+func (s *Server) forLeases(ctx context.Context, sub string, ackIDs []string, acks bool, f func(d *dispatcher, ref ackRef, eod bool) ackResult) error {
 	if _, _, err := parseSubscription(sub); err != nil {
 		return err
 	}
 	if len(ackIDs) == 0 {
 		return invalid("%s: no ack ids", sub)
 	}
-	ids, err := s.parseAckIDs(sub, ackIDs)
-	if err != nil {
-		return err
-	}
+	refs, refused := s.parseAckIDs(sub, ackIDs)
 	s.mu.Lock()
 	d := s.dispatchers[sub]
 	s.mu.Unlock()
@@ -507,20 +548,25 @@ func (s *Server) forLeases(ctx context.Context, sub string, ackIDs []string, con
 			return toStatus(err)
 		}
 		if !cfg.ExactlyOnce {
-			return nil
+			for _, ref := range refs {
+				if acks && ref.epoch != 0 && !s.own(ref) {
+					s.stale.add(sub, ref.seq)
+				}
+			}
+			return refused
 		}
-		res := make([]ackResult, len(ids))
+		res := make([]ackResult, len(refs))
 		for i := range res {
 			res[i] = ackInvalid
 		}
 		return exactlyOnceError(ackIDs, res)
 	}
 	eod := d.cfg.Load().ExactlyOnce
-	res := settleAll(len(ids), eod && confirm, func(i int) ackResult { return f(d, ids[i], eod) })
+	res := settleAll(len(refs), eod && acks, func(i int) ackResult { return f(d, refs[i], eod) })
 	if !eod {
-		return nil
+		return refused
 	}
-	return exactlyOnceError(ackIDs, res)
+	return exactlyOnceError(ackIDs, res) // refused ack ids are among those reported invalid
 }
 
 // Exactly-once delivery reports the ack ids of an Acknowledge or

@@ -77,7 +77,9 @@ type Server struct {
 	b      *broker.Broker
 	cfg    Config
 	log    *slog.Logger
-	ackKey []byte // authenticates ack ids; new for every process
+	ackKey []byte // authenticates ack ids; shared by the sidecars of a NATS server (ackid.go)
+	epoch  uint64 // this process's, in its ack ids
+	stale  staleAcks
 
 	topicSchemas topicSchemaCache // for Publish
 
@@ -115,12 +117,23 @@ func New(b *broker.Broker, cfg Config) *Server {
 	if cfg.Schemas == nil {
 		cfg.Schemas = NewSchemaServer(b.Conn(), 1, cfg.Logger)
 	}
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	s := &Server{b: b, cfg: cfg, log: cfg.Logger, ackKey: key, dispatchers: make(map[string]*dispatcher)}
+	s := &Server{b: b, cfg: cfg, log: cfg.Logger, epoch: newEpoch(), dispatchers: make(map[string]*dispatcher)}
 	var js jetstream.JetStream // nil without a connection: the snapshot RPCs fail
 	if nc := b.Conn(); nc != nil {
 		js, _ = jetstream.New(nc)
+	}
+	if js != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		key, err := loadAckKey(ctx, js, cfg.Replicas)
+		cancel()
+		if err != nil {
+			s.log.Warn("ack ids: no shared key; ack ids of this process will not be recognised after a restart", "err", err)
+		}
+		s.ackKey = key
+	}
+	if s.ackKey == nil {
+		s.ackKey = make([]byte, 32)
+		_, _ = rand.Read(s.ackKey)
 	}
 	s.snapshots = newSnapshotStore(js, cfg.Replicas)
 	if js != nil && cfg.PushAllow != nil {
