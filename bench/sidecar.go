@@ -17,6 +17,7 @@ import (
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
+	"github.com/jetorder/jetorder/internal/push"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -30,7 +31,11 @@ type sidecarBench struct {
 
 func (b *bench) startSidecar() *sidecarBench {
 	br := broker.New(b.nc, nil, nil, adapter.WithIdleTimeout(*idleTimeout))
-	api := pubsubapi.New(br, pubsubapi.Config{})
+	// Push to loopback only, the sidecar's default: the endpoint is in
+	// this process.
+	allow, err := push.ParseAllowList(push.DefaultAllow)
+	check(err)
+	api := pubsubapi.New(br, pubsubapi.Config{PushAllow: allow})
 	gs := grpc.NewServer(grpc.MaxRecvMsgSize(12 << 20))
 	api.Register(gs)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -48,27 +53,37 @@ func (b *bench) startSidecar() *sidecarBench {
 	}}
 }
 
+// sidecarRound is one round of the sidecar run, in messages/s.
+type sidecarRound struct {
+	raw, lib, grpc, push float64 // delivery
+	libPub, grpcPub      float64
+}
+
 // round compares, in one round, delivery of msgs messages over keys
-// keys through the adapter's Receive and through the gRPC API with Google's
-// Go client, beside raw JetStream; then publishing through each.
-func (s *sidecarBench) round(round, keys, msgs int) (lib, grpcRate, libPub, grpcPub float64) {
+// keys through the adapter's Receive, through the gRPC API with Google's
+// Go client, and pushed by the sidecar to an HTTP endpoint, beside raw
+// JetStream; then publishing through the adapter and the gRPC API.
+func (s *sidecarBench) round(round, keys, msgs int) sidecarRound {
 	b := s.b
-	raw := b.raw("raw-map1000", msgs, 1000)
-	lib = b.deliver(keys, msgs, func(sub *adapter.Subscription, done func()) func(context.Context) error {
+	var r sidecarRound
+	r.raw = b.raw("raw-map1000", msgs, 1000)
+	r.lib = b.deliver(keys, msgs, func(sub *adapter.Subscription, done func()) func(context.Context) error {
 		return func(ctx context.Context) error {
 			return sub.Receive(ctx, func(_ context.Context, m *adapter.Message) { m.Ack(); done() })
 		}
 	})
-	grpcRate = b.deliver(keys, msgs, func(sub *adapter.Subscription, done func()) func(context.Context) error {
+	r.grpc = b.deliver(keys, msgs, func(sub *adapter.Subscription, done func()) func(context.Context) error {
 		gs := s.client.Subscriber(sub.ID())
 		return func(ctx context.Context) error {
 			return gs.Receive(ctx, func(_ context.Context, m *pubsub.Message) { m.Ack(); done() })
 		}
 	})
-	libPub, grpcPub = s.publish(keys, msgs)
-	fmt.Printf("%-5d %-36s %10.0f %10.0f %6.2fx %10.0f %6.2fx %6.2fx   %10.0f %10.0f %6.2fx\n", round,
-		fmt.Sprintf("%d keys, %d msgs", keys, msgs), raw, lib, lib/raw, grpcRate, grpcRate/raw, lib/grpcRate, libPub, grpcPub, libPub/grpcPub)
-	return lib, grpcRate, libPub, grpcPub
+	r.push = s.push(keys, msgs)
+	r.libPub, r.grpcPub = s.publish(keys, msgs)
+	fmt.Printf("%-5d %-36s %10.0f %10.0f %6.2fx %10.0f %6.3fx %10.0f %6.3fx %7.2fx   %10.0f %10.0f %6.2fx\n", round,
+		fmt.Sprintf("%d keys, %d msgs", keys, msgs), r.raw, r.lib, r.lib/r.raw, r.grpc, r.grpc/r.raw, r.push, r.push/r.raw, r.lib/r.grpc,
+		r.libPub, r.grpcPub, r.libPub/r.grpcPub)
+	return r
 }
 
 // deliver fills an ordered topic and times receive until every message is
