@@ -114,10 +114,12 @@ func (m *Message) Nack() {
 
 // Release hands the message back for redelivery at once, whatever the retry
 // policy: for a message the handler never passed on (a layer above that is
-// shutting down, say), which is no failed attempt.
+// shutting down, say), which is no failed attempt. The server records the
+// hand-back in the consumer's stored state: a server restart before the
+// redelivery does not make the message wait for its ack deadline.
 func (m *Message) Release() {
 	if m.d != nil {
-		m.d.finish(ackNak)
+		m.d.finishWith(ackNak, handBackPayload)
 	}
 }
 

@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -52,6 +53,16 @@ const (
 )
 
 var ackPayload = [...][]byte{ackAck: []byte("+ACK"), ackNak: []byte("-NAK"), ackProgress: []byte("+WPI"), ackTerm: []byte("+TERM")}
+
+// handBackPayload is the nack of a message handed back (Release), and of
+// every message handed back as Receive ends. A plain -NAK only queues the
+// message for redelivery in the consumer leader's memory, which a server
+// restart or a new consumer leader forgets: the message then waits out its
+// ack deadline, and with ordering so do the later messages of its key (of
+// its partition, until the new owner's fence clears). A nack with a delay,
+// even of 0, makes the server move the message's deadline to now in the
+// consumer's stored (and replicated) state, and redeliver it from there.
+var handBackPayload = []byte(`-NAK {"delay":0}`)
 
 // heldKey names one message of one consumer: redeliveries of a message this
 // process still holds have the same heldKey.
@@ -106,6 +117,8 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 			// not delivered again by it (the new epoch delivers it if the
 			// seek says so).
 			kind, payload = ackAck, ackPayload[ackAck]
+		} else if kind == ackNak && bytes.Equal(payload, ackPayload[ackNak]) && d.r.ending() {
+			payload = handBackPayload
 		}
 		d.outcome = kind
 		// A partitioned key's ack is confirmed before its next message
@@ -528,6 +541,17 @@ func (r *receiver) isSuperseded() bool {
 	}
 }
 
+// ending reports whether Receive is ending: what is handed back now goes
+// with handBackPayload.
+func (r *receiver) ending() bool {
+	if r.hctx.Err() != nil {
+		return true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopping
+}
+
 // fail ends Receive with err (the first error wins).
 func (r *receiver) fail(err error) {
 	r.mu.Lock()
@@ -594,7 +618,7 @@ func (r *receiver) deliver(p *partition, a arrival) {
 	}
 	if r.stopping {
 		r.mu.Unlock()
-		_ = r.c.nc.Publish(a.reply, ackPayload[ackNak])
+		_ = r.c.nc.Publish(a.reply, handBackPayload)
 		return
 	}
 	if p != nil && a.pin != "" && a.pin == p.lostPin {

@@ -385,9 +385,10 @@ func TestSidecarAckIDsAcrossRestart(t *testing.T) {
 	first := startSidecar(t, sidecar.Config{DataDir: dir})
 	c := first.goClient()
 	mustCreateTopic(t, c, "restart-acks")
-	// A short deadline: what the first process handed out comes back soon.
+	// A long deadline: what the first process handed out comes back at once
+	// all the same, as its stop hands it back.
 	for _, s := range []string{"held-sub", "later-sub"} {
-		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("restart-acks"), EnableMessageOrdering: true, AckDeadlineSeconds: 3})
+		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("restart-acks"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
 	}
 	pubc, subc := first.rawClient()
 	var msgs []*pb.PubsubMessage
@@ -409,7 +410,7 @@ func TestSidecarAckIDsAcrossRestart(t *testing.T) {
 			stale[sub][string(m.GetMessage().GetData())] = m.AckId
 		}
 	}
-	first.stop() // a0 and b0 come back after their ack deadline
+	first.stop() // hands a0 and b0 back: they come again at once
 
 	second := startSidecar(t, sidecar.Config{DataDir: dir})
 	_, subc = second.rawClient()
@@ -454,6 +455,54 @@ func TestSidecarAckIDsAcrossRestart(t *testing.T) {
 	if _, err := subc.ModifyAckDeadline(context.Background(), &pb.ModifyAckDeadlineRequest{Subscription: subPath("held-sub"),
 		AckIds: []string{stale["held-sub"]["b0"]}, AckDeadlineSeconds: 0}); err != nil {
 		t.Fatalf("ModifyAckDeadline of an old ack id: %v", err)
+	}
+}
+
+// A graceful stop hands back at once what clients hold unacked and what
+// waits for a client: after a restart on the same data dir it is delivered
+// again long before its ack deadline, and a key's next message still waits
+// for the one held before it.
+func TestSidecarStopHandsBackLeases(t *testing.T) {
+	dir := t.TempDir()
+	first := startSidecar(t, sidecar.Config{DataDir: dir})
+	c := first.goClient()
+	mustCreateTopic(t, c, "handback")
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("handback-sub"), Topic: topicPath("handback"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
+	pubc, subc := first.rawClient()
+	msgs := []*pb.PubsubMessage{
+		{Data: []byte("a0"), OrderingKey: "a"}, {Data: []byte("a1"), OrderingKey: "a"}, {Data: []byte("b0"), OrderingKey: "b"},
+	}
+	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("handback"), Messages: msgs}); err != nil {
+		t.Fatal(err)
+	}
+	// The client holds one of a0 and b0 without acking; the other waits in
+	// the sidecar for room in the client's flow control.
+	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("handback-sub"), StreamAckDeadlineSeconds: 60, MaxOutstandingMessages: 1})
+	if data := string(rs.next().GetMessage().GetData()); data != "a0" && data != "b0" {
+		t.Fatalf("first delivery %q, want a0 or b0", data)
+	}
+	first.stop()
+
+	// Well within the 60s deadline (next waits at most 15s): a0 and b0
+	// again, and a1 only after a0 is acked.
+	second := startSidecar(t, sidecar.Config{DataDir: dir})
+	_, subc = second.rawClient()
+	rs = openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("handback-sub"), StreamAckDeadlineSeconds: 60})
+	got := map[string]string{} // data -> ack id
+	for len(got) < 2 {
+		m := rs.next()
+		data := string(m.GetMessage().GetData())
+		if data != "a0" && data != "b0" || got[data] != "" {
+			t.Fatalf("after the restart got %q; a0 and b0 came back: %t, %t", data, got["a0"] != "", got["b0"] != "")
+		}
+		got[data] = m.AckId
+	}
+	rs.quiet(300*time.Millisecond, "a1 while a0 is unacked")
+	if _, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("handback-sub"), AckIds: []string{got["a0"]}}); err != nil {
+		t.Fatal(err)
+	}
+	if m := rs.next(); string(m.GetMessage().GetData()) != "a1" {
+		t.Fatalf("after acking a0 got %q, want a1", m.GetMessage().GetData())
 	}
 }
 

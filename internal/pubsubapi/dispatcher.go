@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -637,9 +638,15 @@ func (d *dispatcher) drop(l *lease) bool {
 // messageProto is the Pub/Sub form of a delivered message. Headers written
 // by other NATS publishers and protocol bindings (CloudEvents' ce-*,
 // content-type) are added as attributes, plain as the Pub/Sub binding wants
-// them (adapter.Message.PubSubAttributes).
+// them (adapter.Message.PubSubAttributes). A message another NATS
+// publisher stored without a Nats-Msg-Id has its stream sequence as its
+// id: Pub/Sub's ids are never empty, and are unique in their topic.
 func messageProto(m *adapter.Message) *pb.PubsubMessage {
-	out := &pb.PubsubMessage{Data: m.Data, Attributes: m.PubSubAttributes(), MessageId: m.ID, OrderingKey: m.OrderingKey}
+	id := m.ID
+	if id == "" {
+		id = strconv.FormatUint(m.StreamSequence, 10)
+	}
+	out := &pb.PubsubMessage{Data: m.Data, Attributes: m.PubSubAttributes(), MessageId: id, OrderingKey: m.OrderingKey}
 	if !m.PublishTime.IsZero() {
 		out.PublishTime = timestamppb.New(m.PublishTime)
 	}
