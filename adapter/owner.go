@@ -543,11 +543,23 @@ func (o *owner) resume(name string) {
 // lost: it is created again from where this ownership's discovery started,
 // at the price of redelivering what it had acked since; or, after a delete
 // of ours, from the first message after those it had acked.
+//
+// A consumer gone with its subscription (deleted, or deleted and created
+// anew, while this Receive still runs) is not created again: that would
+// deliver the deleted subscription's messages again, and leave a consumer
+// that nothing deletes.
 func (o *owner) vanished(ctx context.Context, name string, lk liveKey) (retireOutcome, error) {
 	if lk.subject == "" {
 		// Never seen by this owner's discovery: it had no messages above
 		// the floor this ownership started from.
 		return keyGone, nil
+	}
+	rec, err := o.r.sub.load(ctx)
+	if errors.Is(err, ErrSubscriptionNotFound) || err == nil && !rec.Created.Equal(o.rec.Created) {
+		return keyGone, nil
+	}
+	if err != nil {
+		return keyBusy, err
 	}
 	if lk.retiredUpTo > 0 {
 		if lk.lastSeq <= lk.retiredUpTo {

@@ -173,18 +173,46 @@ func TestDeleteTopicWhileReceiving(t *testing.T) {
 	}
 }
 
+// Deleting a subscription ends its Receive calls, delivers nothing of it
+// again (its key consumers, gone with it, are not taken for vanished ones
+// and created anew) and leaves no consumer behind.
 func TestDeleteSubscriptionWhileReceiving(t *testing.T) {
-	e := newEnv(t)
+	// Idle key consumers are retired quickly: the clean-up that would
+	// find them gone runs while Receive is still ending.
+	e := newEnv(t, adapter.WithIdleTimeout(100*time.Millisecond))
 	topic := e.createTopic("topic-1")
 	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
-	r := startReceive(t, sub, func(_ context.Context, m *adapter.Message) { m.Ack() })
-	publish(t, topic, "x", "k")
+	var mu sync.Mutex
+	deliveries := map[string]int{}
+	count := func() (n, most int) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, d := range deliveries {
+			n, most = n+1, max(most, d)
+		}
+		return n, most
+	}
+	r := startReceive(t, sub, func(_ context.Context, m *adapter.Message) {
+		mu.Lock()
+		deliveries[string(m.Data)]++
+		mu.Unlock()
+		m.Ack()
+	})
+	for k := range 5 {
+		for i := range 4 {
+			publish(t, topic, fmt.Sprintf("k%d-%d", k, i), fmt.Sprintf("k%d", k))
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { n, _ := count(); return n == 20 }, "not every message delivered")
 	if err := sub.Delete(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	err, ended := r.wait(10 * time.Second)
 	if !ended || !errors.Is(err, adapter.ErrSubscriptionNotFound) {
 		t.Fatalf("Receive ended=%v with %v, want ErrSubscriptionNotFound", ended, err)
+	}
+	if _, most := count(); most > 1 {
+		t.Errorf("a message of the deleted subscription was delivered %d times", most)
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool { return keyConsumers(t, e, "topic-1", "sub-1") == 0 }, "consumers left behind")
 }
