@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -377,9 +378,12 @@ func TestSidecarRefusesForgedAckIDs(t *testing.T) {
 }
 
 // Ack ids outlive the process that issued them: after a restart, an ack of
-// an earlier process's ack id is applied to the message it names, whether
-// the message is held again or not delivered yet; in a batch with ids of
-// the new process and forged ones, each valid id is applied.
+// an earlier process's ack id is applied to the message it names: to the
+// lease that holds it again, or, for a message without an ordering key, to
+// the message when it is delivered again (a keyed one of an ordered
+// subscription is delivered again, as Pub/Sub redelivers a key's later
+// messages after a redelivery); in a batch with ids of the new process and
+// forged ones, each valid id is applied.
 func TestSidecarAckIDsAcrossRestart(t *testing.T) {
 	dir := t.TempDir()
 	first := startSidecar(t, sidecar.Config{DataDir: dir})
@@ -391,7 +395,7 @@ func TestSidecarAckIDsAcrossRestart(t *testing.T) {
 		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("restart-acks"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
 	}
 	pubc, subc := first.rawClient()
-	var msgs []*pb.PubsubMessage
+	msgs := []*pb.PubsubMessage{{Data: []byte("u0")}}
 	for _, k := range []string{"a", "b"} {
 		for i := range 2 {
 			msgs = append(msgs, &pb.PubsubMessage{Data: fmt.Appendf(nil, "%s%d", k, i), OrderingKey: k})
@@ -400,56 +404,69 @@ func TestSidecarAckIDsAcrossRestart(t *testing.T) {
 	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("restart-acks"), Messages: msgs}); err != nil {
 		t.Fatal(err)
 	}
-	// The first process hands out a0 and b0 on both subscriptions.
+	// The first process hands out u0, a0 and b0 on both subscriptions.
 	stale := map[string]map[string]string{} // subscription -> data -> ack id
 	for _, sub := range []string{"held-sub", "later-sub"} {
 		rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath(sub), StreamAckDeadlineSeconds: 60})
 		stale[sub] = map[string]string{}
-		for range 2 {
+		for range 3 {
 			m := rs.next()
 			stale[sub][string(m.GetMessage().GetData())] = m.AckId
 		}
 	}
-	first.stop() // hands a0 and b0 back: they come again at once
+	first.stop() // hands them back: they come again at once
 
 	second := startSidecar(t, sidecar.Config{DataDir: dir})
 	_, subc = second.rawClient()
-	// later-sub: acked before anything is delivered again; the ack waits
-	// for a0's redelivery, which then never reaches a client.
-	if _, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("later-sub"), AckIds: []string{stale["later-sub"]["a0"]}}); err != nil {
-		t.Fatalf("Acknowledge of an earlier process's ack id: %v", err)
+	// later-sub: u0 and a0 acked before anything is delivered again. u0's
+	// ack waits for its redelivery, which then never reaches a client; a0
+	// comes again.
+	if _, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("later-sub"),
+		AckIds: []string{stale["later-sub"]["u0"], stale["later-sub"]["a0"]}}); err != nil {
+		t.Fatalf("Acknowledge of an earlier process's ack ids: %v", err)
 	}
 	later := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("later-sub"), StreamAckDeadlineSeconds: 60})
-	got := map[string]bool{}
-	for range 2 {
-		got[string(later.next().GetMessage().GetData())] = true
+	got := map[string]string{} // data -> ack id
+	for len(got) < 4 {
+		m := later.next()
+		data := string(m.GetMessage().GetData())
+		got[data] = m.AckId
+		switch data {
+		case "u0":
+			t.Fatal("later-sub: u0 delivered again after its ack with the old ack id")
+		case "a0", "b0":
+			if _, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("later-sub"), AckIds: []string{m.AckId}}); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	if !got["a1"] || !got["b0"] {
-		t.Fatalf("later-sub after acking a0 with the old ack id got %v, want a1 and b0", got)
+	if got["a0"] == "" || got["b0"] == "" || got["a1"] == "" || got["b1"] == "" {
+		t.Fatalf("later-sub after the restart got %v, want a0, b0, a1 and b1", slices.Sorted(maps.Keys(got)))
 	}
+	later.quiet(300*time.Millisecond, "u0 after its ack with the old ack id")
 
 	// held-sub: a0 and b0 are held again by the second process; a batch of
 	// a0's old id, b0's new one and a forged id acks both.
 	held := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("held-sub"), StreamAckDeadlineSeconds: 60})
 	fresh := map[string]string{}
-	for range 2 {
+	for range 3 {
 		m := held.next()
 		fresh[string(m.GetMessage().GetData())] = m.AckId
 	}
-	if fresh["a0"] == "" || fresh["b0"] == "" {
-		t.Fatalf("held-sub after the restart got %v, want a0 and b0 again", fresh)
+	if fresh["a0"] == "" || fresh["b0"] == "" || fresh["u0"] == "" {
+		t.Fatalf("held-sub after the restart got %v, want u0, a0 and b0 again", fresh)
 	}
 	_, err := subc.Acknowledge(context.Background(), &pb.AcknowledgeRequest{Subscription: subPath("held-sub"),
 		AckIds: []string{stale["held-sub"]["a0"], fresh["b0"], "forged"}})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("Acknowledge of a mixed batch = %v, want INVALID_ARGUMENT for the forged id", err)
 	}
-	got = map[string]bool{}
+	next := map[string]bool{}
 	for range 2 {
-		got[string(held.next().GetMessage().GetData())] = true
+		next[string(held.next().GetMessage().GetData())] = true
 	}
-	if !got["a1"] || !got["b1"] {
-		t.Fatalf("held-sub after the mixed batch got %v, want a1 and b1: both valid ids applied", got)
+	if !next["a1"] || !next["b1"] {
+		t.Fatalf("held-sub after the mixed batch got %v, want a1 and b1: both valid ids applied", next)
 	}
 	// A deadline change of an old id does nothing.
 	if _, err := subc.ModifyAckDeadline(context.Background(), &pb.ModifyAckDeadlineRequest{Subscription: subPath("held-sub"),

@@ -32,8 +32,9 @@ import (
 //     extended;
 //   - an id of an earlier process (a sidecar that restarted) names a stored
 //     message: an ack of it is honoured, by acking the lease that holds the
-//     message now, or, if the message is not delivered yet, when it
-//     arrives (staleAcks); a deadline change of it does nothing;
+//     message now, or, if the message is not delivered yet and has no
+//     ordering key (or its subscription no ordering), when it arrives
+//     (staleAcks); a deadline change of it does nothing;
 //   - an id this sidecar cannot have issued for the subscription is
 //     refused, and the call fails with INVALID_ARGUMENT once the others
 //     are applied.

@@ -287,8 +287,12 @@ func (d *dispatcher) endErr() error {
 // nothing.
 func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 	l := &lease{d: d, msg: m, expireBy: time.Now().Add(maxHeldExtension - time.Minute), result: make(chan outcome, 1)}
-	if d.s.stale.take(d.name, m.StreamSequence) {
+	if d.s.stale.take(d.name, m.StreamSequence) && (m.OrderingKey == "" || !d.ordering) {
 		// Acked through an earlier process's ack id before it came back.
+		// Not a message of an ordered key: if an earlier message of its key
+		// was delivered again after the restart, this one must be too, as
+		// Pub/Sub redelivers every later message of a key after a
+		// redelivery, acked or not.
 		d.s.b.Metrics.StaleAcks.Inc()
 		m.Ack()
 		return
