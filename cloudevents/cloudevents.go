@@ -95,7 +95,7 @@ func Encode(e event.Event, mode Mode) (*adapter.Message, error) {
 		return &adapter.Message{Data: data, Header: nats.Header{headerContentType: {StructuredContentType}}}, nil
 	}
 	h := nats.Header{}
-	set := func(name, value string) { h[headerPrefix+name] = []string{percentEncode(value)} }
+	set := func(name, value string) { h[headerPrefix+name] = []string{PercentEncode(value)} }
 	set("specversion", e.SpecVersion())
 	set("id", e.ID())
 	set("source", e.Source())

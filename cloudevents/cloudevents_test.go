@@ -297,8 +297,16 @@ func TestBadInputNamesTheAttribute(t *testing.T) {
 }
 
 func TestPercentEncoding(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain": "plain", "": "", " ": "%20", "a\"b": "a%22b", "100%": "100%25",
+		"ü": "%C3%BC", "tab\t": "tab%09", "~!": "~!",
+	} {
+		if got := PercentEncode(in); got != want {
+			t.Errorf("PercentEncode(%q) = %q, want %q", in, got, want)
+		}
+	}
 	for _, s := range []string{"", "plain", "a b", `"%"`, "ü日本😀", "\x01\x7f", "%41"} {
-		got, err := percentDecode(percentEncode(s))
+		got, err := percentDecode(PercentEncode(s))
 		if err != nil || got != s {
 			t.Errorf("round trip of %q: %q, %v", s, got, err)
 		}

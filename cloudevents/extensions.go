@@ -95,9 +95,10 @@ func checkExtensions(e *event.Event) error {
 	return nil
 }
 
-// percentEncode escapes a header value as the CloudEvents HTTP and NATS
-// bindings say: space, '"', '%' and every byte outside printable ASCII.
-func percentEncode(s string) string {
+// PercentEncode escapes a header value as the CloudEvents HTTP and NATS
+// bindings say (HTTP binding 3.1.3.2): space, '"', '%' and every byte
+// outside printable ASCII, as %XX with upper-case hex.
+func PercentEncode(s string) string {
 	clean := true
 	for i := 0; i < len(s); i++ {
 		if mustEscape(s[i]) {
@@ -135,7 +136,7 @@ func encodeContentType(v string) string {
 	if v == strings.TrimSpace(v) && !strings.ContainsFunc(v, func(r rune) bool { return r < ' ' || r == '%' || r >= 0x7f }) {
 		return v
 	}
-	return percentEncode(v)
+	return PercentEncode(v)
 }
 
 // decodeContentType reads a content-type header: percent-decoded, since
@@ -161,7 +162,7 @@ func mediaType(contentType string) string {
 	return strings.ToLower(strings.TrimSpace(mt))
 }
 
-// percentDecode undoes percentEncode (keyrouter.DecodeKey decodes the same
+// percentDecode undoes PercentEncode (keyrouter.DecodeKey decodes the same
 // %XX escapes). Bytes that need no escape pass as they are, so values
 // written unescaped (as sdk-go's bindings write them) read back unchanged,
 // unless they hold a '%' that does not start an escape: that is an error,

@@ -49,7 +49,7 @@ func FromPubSub(m *adapter.Message) {
 		switch {
 		case k == headerContentType: // now the header
 		case binary && strings.HasPrefix(k, headerPrefix):
-			h[k] = []string{percentEncode(v)}
+			h[k] = []string{PercentEncode(v)}
 		default: // a Content-Type in another case stays too
 			attrs[k] = v
 		}

@@ -88,7 +88,7 @@ func TestFromPubSub(t *testing.T) {
 	// Headers already there are kept.
 	m := &adapter.Message{Attributes: with(binary), Header: nats.Header{"X-Trace": {"1"}}}
 	FromPubSub(m)
-	if m.Header.Get("X-Trace") != "1" || m.Header.Get("ce-id") != percentEncode(want.ID()) {
+	if m.Header.Get("X-Trace") != "1" || m.Header.Get("ce-id") != PercentEncode(want.ID()) {
 		t.Errorf("headers %v", m.Header)
 	}
 }

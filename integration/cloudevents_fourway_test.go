@@ -107,7 +107,7 @@ var ceWriters = []ceWriter{
 	{"http-binary", func(ctx context.Context, fw *fourway, ev event.Event) (string, error) {
 		h := http.Header{}
 		for name, v := range bindingAttributes(ev) {
-			h.Set("ce-"+name, httpPercentEncode(v))
+			h.Set("ce-"+name, ce.PercentEncode(v))
 		}
 		h.Set("Content-Type", ev.DataContentType())
 		return fw.postEvent(ctx, h, ev.Data())
@@ -384,20 +384,6 @@ func bindingAttributes(ev event.Event) map[string]string {
 func partitionKeyOf(ev event.Event) string {
 	s, _ := types.Format(ev.Extensions()[ce.ExtPartitionKey])
 	return s
-}
-
-// httpPercentEncode escapes a ce- header value as the CloudEvents HTTP
-// binding says: space, '"', '%' and every byte outside printable ASCII.
-func httpPercentEncode(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c <= ' ' || c == '"' || c == '%' || c >= 0x7f {
-			fmt.Fprintf(&b, "%%%02X", c)
-		} else {
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
 }
 
 // fromPubSubBinding reads a Pub/Sub message as the CloudEvents Google

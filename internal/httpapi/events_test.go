@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/cloudevents"
 	"github.com/jetorder/jetorder/internal/embedded"
@@ -251,17 +250,7 @@ func TestCloudEventsBatchRefused(t *testing.T) {
 		})
 	}
 
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := js.Stream(t.Context(), keyrouter.StreamName(project, target))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info, err := stream.Info(t.Context()); err != nil || info.State.Msgs != 0 {
-		t.Fatalf("topic holds %d messages after refused batches (err %v), want 0", info.State.Msgs, err)
-	}
+	e.wantEmpty(t, target, "refused batches")
 	postBatch(t, e.srv.URL+path, batchContentType, []byte(batchOf(structuredEvent("sentinel", "k", "sentinel"))))
 	m := next(t, msgs)
 	if ev, err := cloudevents.Decode(m); err != nil || ev.ID() != "sentinel" || m.StreamSequence != 1 {
@@ -350,7 +339,7 @@ func TestCloudEventsModesStoreTheSame(t *testing.T) {
 			"Content-Type": {"text/plain"}}
 	}
 	postEvent(t, url, binary(func(s string) string { return s }), "on sale")
-	postEvent(t, url, binary(percentEncode), "on sale")
+	postEvent(t, url, binary(cloudevents.PercentEncode), "on sale")
 
 	type stored struct {
 		header      map[string]string
@@ -377,19 +366,6 @@ func TestCloudEventsModesStoreTheSame(t *testing.T) {
 			t.Errorf("%s stored as %+v,\nstructured as %+v", name, g, got[0])
 		}
 	}
-}
-
-// percentEncode escapes a ce- header value as the HTTP binding says.
-func percentEncode(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c <= ' ' || c == '"' || c == '%' || c >= 0x7f {
-			fmt.Fprintf(&b, "%%%02X", c)
-		} else {
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
 }
 
 // The CloudEvents webhook validation handshake: OPTIONS with

@@ -40,13 +40,37 @@ type env struct {
 	srv    *httptest.Server
 }
 
+// wantEmpty fails the test unless topic holds no message: after what, a
+// refused request, nothing was stored.
+func (e *env) wantEmpty(t *testing.T, topic, after string) {
+	t.Helper()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(t.Context(), keyrouter.StreamName(project, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := stream.Info(t.Context()); err != nil || info.State.Msgs != 0 {
+		t.Fatalf("topic holds %d messages after %s (err %v), want 0", info.State.Msgs, after, err)
+	}
+}
+
+// newBroker is a broker over a fresh nats-server, closed when the test
+// ends.
+func newBroker(t *testing.T) (*nats.Conn, *broker.Broker) {
+	t.Helper()
+	nc := testutil.Connect(t, testutil.Server(t).ClientURL())
+	b := broker.New(nc, nil, nil)
+	t.Cleanup(b.Close)
+	return nc, b
+}
+
 // newEnv serves httpapi.New(cfg) with cfg.Broker set to a fresh broker.
 func newEnv(t *testing.T, cfg httpapi.Config) *env {
 	t.Helper()
-	s := testutil.Server(t)
-	nc := testutil.Connect(t, s.ClientURL())
-	b := broker.New(nc, nil, nil)
-	t.Cleanup(b.Close)
+	nc, b := newBroker(t)
 	client, err := b.Client(project)
 	if err != nil {
 		t.Fatalf("client: %v", err)
@@ -540,17 +564,7 @@ func TestBadRequests(t *testing.T) {
 
 	// None of them stored anything: the topic is empty, and a message
 	// published now is the topic's first and the only one received.
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := js.Stream(t.Context(), keyrouter.StreamName(project, target))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info, err := stream.Info(t.Context()); err != nil || info.State.Msgs != 0 {
-		t.Fatalf("topic holds %d messages after bad requests (err %v), want 0", info.State.Msgs, err)
-	}
+	e.wantEmpty(t, target, "bad requests")
 	if resp := postJSON(t, e.srv.URL+pub, fmt.Sprintf(`{"messages":[{"data":%q}]}`, b64("sentinel"))); resp.code != http.StatusOK {
 		t.Fatalf("sentinel: %d %s", resp.code, resp.body)
 	}

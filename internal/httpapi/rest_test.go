@@ -27,7 +27,6 @@ import (
 	"github.com/jetorder/jetorder/internal/httpapi"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 	"github.com/jetorder/jetorder/internal/push"
-	"github.com/jetorder/jetorder/internal/testutil"
 )
 
 // The sidecar's gRPC server is what the REST routes call.
@@ -46,10 +45,7 @@ type restEnv struct {
 
 func newRESTEnv(t *testing.T, cfg httpapi.Config) *restEnv {
 	t.Helper()
-	s := testutil.Server(t)
-	nc := testutil.Connect(t, s.ClientURL())
-	b := broker.New(nc, nil, nil)
-	t.Cleanup(b.Close)
+	nc, b := newBroker(t)
 	schemas := pubsubapi.NewSchemaServer(nc, 1, nil)
 	allow, err := push.ParseAllowList(push.DefaultAllow)
 	if err != nil {
@@ -729,9 +725,7 @@ func TestRESTPublishThroughService(t *testing.T) {
 
 // Without Config.PubSub only publish is served, through the broker.
 func TestRESTNotConfigured(t *testing.T) {
-	s := testutil.Server(t)
-	b := broker.New(testutil.Connect(t, s.ClientURL()), nil, nil)
-	t.Cleanup(b.Close)
+	_, b := newBroker(t)
 	c, err := b.Client(restProject)
 	if err != nil {
 		t.Fatal(err)
@@ -773,9 +767,7 @@ func (f *fakePubSub) Publish(context.Context, *pb.PublishRequest) (*pb.PublishRe
 
 // Every gRPC code as Google's REST API answers it, with its details.
 func TestRESTErrorMapping(t *testing.T) {
-	s := testutil.Server(t)
-	b := broker.New(testutil.Connect(t, s.ClientURL()), nil, nil)
-	t.Cleanup(b.Close)
+	_, b := newBroker(t)
 	fake := &fakePubSub{}
 	srv := httptest.NewServer(httpapi.New(httpapi.Config{Broker: b, PubSub: fake}))
 	t.Cleanup(srv.Close)

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jetorder/jetorder/cloudevents"
 )
 
 // Message is what a push request carries: a Pub/Sub message as the
@@ -338,7 +340,7 @@ func cloudEventsRequest(h http.Header, subscription string, m Message) ([]byte, 
 					}
 				}
 			case strings.HasPrefix(lk, "ce-") && len(lk) > len("ce-"):
-				if err := setHeader(h, lk, encodeCEValue(v)); err != nil {
+				if err := setHeader(h, lk, cloudevents.PercentEncode(v)); err != nil {
 					return nil, err
 				}
 			}
@@ -350,8 +352,8 @@ func cloudEventsRequest(h http.Header, subscription string, m Message) ([]byte, 
 		source = cloudEventSource + subscription
 	}
 	h.Set("ce-specversion", "1.0")
-	h.Set("ce-id", encodeCEValue(m.ID))
-	h.Set("ce-source", encodeCEValue(source))
+	h.Set("ce-id", cloudevents.PercentEncode(m.ID))
+	h.Set("ce-source", cloudevents.PercentEncode(source))
 	h.Set("ce-type", CloudEventType)
 	if pt := formatTime(m.PublishTime); pt != "" {
 		h.Set("ce-time", pt)
@@ -366,29 +368,6 @@ func setContentType(h http.Header, v string) error {
 	}
 	h.Set("Content-Type", v)
 	return nil
-}
-
-// encodeCEValue percent-encodes a CloudEvents attribute value for an HTTP
-// header (HTTP protocol binding 3.1.3.2): space, '"', '%' and every byte
-// outside printable ASCII 0x21-0x7E of the UTF-8 encoding, upper-case hex.
-func encodeCEValue(s string) string {
-	const hex = "0123456789ABCDEF"
-	var b []byte
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c == ' ' || c == '"' || c == '%' || c < 0x21 || c > 0x7e {
-			if b == nil {
-				b = append(make([]byte, 0, len(s)+8), s[:i]...)
-			}
-			b = append(b, '%', hex[c>>4], hex[c&15])
-		} else if b != nil {
-			b = append(b, c)
-		}
-	}
-	if b == nil {
-		return s
-	}
-	return string(b)
 }
 
 // validHeaderName reports whether name is an RFC 9110 token.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 )
@@ -235,21 +234,6 @@ func TestNewRequestCloudEventsStructured(t *testing.T) {
 	}
 	if got := readBody(t, req); got != event {
 		t.Errorf("body %q, want the event", got)
-	}
-}
-
-func TestEncodeCEValue(t *testing.T) {
-	for in, want := range map[string]string{
-		"plain": "plain", "": "", " ": "%20", "a\"b": "a%22b", "100%": "100%25",
-		"ü": "%C3%BC", "tab\t": "tab%09", "~!": "~!",
-	} {
-		if got := encodeCEValue(in); got != want {
-			t.Errorf("encodeCEValue(%q) = %q, want %q", in, got, want)
-		}
-	}
-	// The sidecar's own HTTP API decodes what this encodes.
-	if strings.Contains(encodeCEValue("a%b c"), " ") {
-		t.Error("space not encoded")
 	}
 }
 
