@@ -1,12 +1,3 @@
-// Package adapter is jetorder's Go library: Google-Pub/Sub-style topics,
-// subscriptions and ordering keys on NATS JetStream.
-//
-// A topic is a JetStream stream; a message's ordering key is a subject token
-// (see package keyrouter). A subscription with message ordering enabled
-// delivers each key through its own durable consumer with MaxAckPending 1,
-// so JetStream itself holds a key's next message until the previous one is
-// acked, for every process receiving on the subscription at once. Consumers
-// are created when a key has messages and removed when it goes idle.
 package adapter
 
 import (
@@ -68,7 +59,7 @@ type clientConfig struct {
 // Option configures a Client.
 type Option func(*clientConfig) error
 
-// WithLogger sets the logger for background events (ownership changes,
+// WithLogger sets the logger for background events (partition take-overs,
 // consumer clean-up, retried failures). The default discards everything.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *clientConfig) error { c.logger = l; return nil }
@@ -87,24 +78,28 @@ func WithReplicas(n int) Option {
 	}
 }
 
-// WithOwnerLease sets how long a receiving process owns a subscription's key
-// discovery after its last renewal; another process takes over after that
-// when the owner dies. It is the TTL of the lease bucket, fixed by the first
-// client that creates the bucket. Default 6s.
-func WithOwnerLease(d time.Duration) Option {
+// WithFailoverTimeout sets how long what a receiving process that dies
+// (without ending its Receive calls) held stays its own before another
+// process takes it over: a partitioned subscription's partitions (the
+// partition consumers' PinnedTTL, at least 3s, fixed when the subscription
+// is created) and a per-key subscription's key discovery (the TTL of the
+// JO_LEASES bucket, fixed by the first client that creates it). A Receive
+// that ends hands both over at once. Default 6s.
+func WithFailoverTimeout(d time.Duration) Option {
 	return func(c *clientConfig) error {
 		if d < 500*time.Millisecond {
-			return fmt.Errorf("%w: owner lease %v below 500ms", ErrInvalidConfig, d)
+			return fmt.Errorf("%w: failover timeout %v below 500ms", ErrInvalidConfig, d)
 		}
 		c.leaseTTL = d
 		return nil
 	}
 }
 
-// WithIdleTimeout sets how long a key must see no new message before its
-// consumer is considered for removal (it is removed only when nothing is
-// pending or unacked). Default 5s.
-func WithIdleTimeout(d time.Duration) Option {
+// WithKeyConsumerIdleTimeout sets, for per-key delivery, how long a key
+// must see no new message before its consumer is considered for removal (it
+// is removed only when nothing is pending or unacked). Partitioned delivery
+// has no per-key consumers. Default 5s.
+func WithKeyConsumerIdleTimeout(d time.Duration) Option {
 	return func(c *clientConfig) error {
 		if d < 100*time.Millisecond {
 			return fmt.Errorf("%w: idle timeout %v below 100ms", ErrInvalidConfig, d)

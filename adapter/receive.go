@@ -1,7 +1,6 @@
 package adapter
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,195 +27,14 @@ type ReceiveSettings struct {
 	// MaxExtension bounds how long Receive keeps extending the ack deadline
 	// of a message it holds. Default 60 minutes.
 	MaxExtension time.Duration
-	// OnDeadLetter, if set, is called after a message has been moved to the
-	// subscription's dead-letter topic (and terminated here), for metrics or
-	// logs. It must not block.
-	OnDeadLetter func(*Message)
-	// Stats, if set, is kept up to date with the partitions this Receive
-	// owns (partitioned subscriptions only).
-	Stats *ReceiveStats
+	// Hooks, if set, hear what Receive does, for metrics and logs.
+	Hooks Hooks
 }
 
 // DefaultReceiveSettings are the settings a new Subscription handle has.
 var DefaultReceiveSettings = ReceiveSettings{
 	MaxOutstandingMessages: 1000,
 	MaxExtension:           60 * time.Minute,
-}
-
-type ackKind int
-
-const (
-	ackAck ackKind = iota
-	ackNak
-	ackProgress
-	ackTerm
-)
-
-var ackPayload = [...][]byte{ackAck: []byte("+ACK"), ackNak: []byte("-NAK"), ackProgress: []byte("+WPI"), ackTerm: []byte("+TERM")}
-
-// handBackPayload is the nack of a message handed back (Release), and of
-// every message handed back as Receive ends. A plain -NAK only queues the
-// message for redelivery in the consumer leader's memory, which a server
-// restart or a new consumer leader forgets: the message then waits out its
-// ack deadline, and with ordering so do the later messages of its key (of
-// its partition, until the new owner's fence clears). A nack with a delay,
-// even of 0, makes the server move the message's deadline to now in the
-// consumer's stored (and replicated) state, and redeliver it from there.
-var handBackPayload = []byte(`-NAK {"delay":0}`)
-
-// heldKey names one message of one consumer: redeliveries of a message this
-// process still holds have the same heldKey.
-type heldKey struct {
-	consumer string
-	seq      uint64
-}
-
-// delivery is one message this process holds, from its arrival until it is
-// acked, nacked or its handler returns without either.
-type delivery struct {
-	r          *receiver
-	key        heldKey
-	part       *partition // nil unless partitioned and keyed
-	subject    string
-	reply      string
-	dseq       uint64  // the consumer's latest delivery sequence (partitioned); guarded by r.mu
-	acked      ackKind // the ack or term being confirmed (partitioned)
-	ackSent    bool    // its ack or term was sent; guarded by r.mu
-	msg        *Message
-	arrived    time.Time
-	lastExtend time.Time // guarded by r.mu
-	once       sync.Once
-	// outcome is what the first of Ack, Nack, Release, AckWithResult (or
-	// Receive) decided; read it only after once.Do has returned.
-	outcome ackKind
-	// ackState follows an ack to the server's confirmation
-	// (AckWithResult); guarded by r.mu.
-	ackState ackState
-}
-
-// ackState is where a delivery's ack is on its way to the server.
-type ackState int
-
-const (
-	ackNotSent   ackState = iota // or sent by Ack, which does not say
-	ackSent                      // sent by AckWithResult, not confirmed
-	ackConfirmed                 // the server answered the ack: it has it
-	ackRefused                   // nobody took it, or it was not valid to send: the message comes back
-)
-
-// finish is the one place a delivery's outcome is decided: the first call
-// wins, later ones do nothing.
-func (d *delivery) finish(kind ackKind) { d.finishWith(kind, ackPayload[kind]) }
-
-// finishWith is finish with the payload sent to the server (a nack with a
-// delay).
-func (d *delivery) finishWith(kind ackKind, payload []byte) {
-	d.once.Do(func() {
-		if kind == ackNak && d.r.isSuperseded() {
-			// The subscription was sought: a message of the old epoch is
-			// not delivered again by it (the new epoch delivers it if the
-			// seek says so).
-			kind, payload = ackAck, ackPayload[ackAck]
-		} else if kind == ackNak && bytes.Equal(payload, ackPayload[ackNak]) && d.r.ending() {
-			payload = handBackPayload
-		}
-		d.outcome = kind
-		// A partitioned key's ack is confirmed before its next message
-		// starts; everything else is forgotten at once (for a nack, before
-		// it is sent: its redelivery may come at once, and must not be taken
-		// for a copy of this one).
-		confirm := d.part != nil && (kind == ackAck || kind == ackTerm)
-		if confirm {
-			// Counted as acked before the ack can reach the server, so a
-			// fence never counts it as unacked after the server has it.
-			d.r.markAckSent(d)
-		} else {
-			d.r.release(d, false)
-		}
-		err := d.r.c.nc.Publish(d.reply, payload)
-		if confirm {
-			// confirmAcks sends it again if it did not go.
-			d.acked = kind
-			d.r.confirmLater(d)
-			return
-		}
-		if err != nil {
-			d.r.c.cfg.logger.Warn("ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)
-		}
-	})
-}
-
-// ackConfirmed is finish(ackAck) that waits for the server to confirm the
-// ack (AckWithResult): the ack goes as a request on the message's reply
-// subject, which JetStream answers once it has applied the ack (a double
-// ack; in a cluster, once the consumer's replicas have it).
-//
-// Until the answer the delivery stays held, its deadline extended, so a
-// redelivery meanwhile is taken for a copy; the answer releases it, and a
-// partitioned key's next message starts only then. An ack that went
-// unanswered is, for a partitioned key, confirmed as Ack's are
-// (confirmAcks sends it until the server has it, and the key waits);
-// elsewhere the delivery stays held until its handler returns, and if the
-// ack was lost the message comes back after its deadline. A later call
-// sends the ack again: acking twice is harmless.
-func (d *delivery) ackConfirmed(ctx context.Context) error {
-	r := d.r
-	first := false
-	d.once.Do(func() {
-		first = true
-		d.outcome = ackAck
-		r.mu.Lock()
-		cur, held := r.held[d.key]
-		// A delivery its handler returned from without an ack may still be
-		// acked until the server's deadline for it passes; after that, or
-		// once a newer delivery of it is held, the server has redelivered
-		// it and the ack would take a message that is someone else's.
-		valid := cur == d || (!held && time.Since(d.lastExtend) < r.rec.ackDeadline())
-		d.ackState = ackSent
-		if !valid {
-			d.ackState = ackRefused
-		}
-		r.mu.Unlock()
-		if valid && d.part != nil {
-			r.markAckSent(d) // as in finishWith: a fence never counts it unacked after the server has it
-		}
-	})
-	if d.outcome != ackAck {
-		return fmt.Errorf("%w: it was handed back first", ErrAckInvalid)
-	}
-	r.mu.Lock()
-	state := d.ackState // ackNotSent here: an Ack went first, without confirmation
-	r.mu.Unlock()
-	switch state {
-	case ackConfirmed:
-		return nil
-	case ackRefused:
-		return fmt.Errorf("%w: its deadline passed or it was delivered again", ErrAckInvalid)
-	}
-	cctx, cancel := r.c.withTimeout(ctx)
-	defer cancel()
-	_, err := r.c.nc.RequestWithContext(cctx, d.reply, ackPayload[ackAck])
-	switch {
-	case err == nil:
-		r.mu.Lock()
-		d.ackState = ackConfirmed
-		r.mu.Unlock()
-		r.release(d, true)
-		return nil
-	case errors.Is(err, nats.ErrNoResponders):
-		// Nobody received it, so the server does not have it: the
-		// message is unacked there, as after a nack.
-		r.mu.Lock()
-		d.ackState = ackRefused
-		r.mu.Unlock()
-		r.release(d, false)
-		return fmt.Errorf("%w: nobody took the ack (its consumer is gone): %w", ErrAckInvalid, err)
-	}
-	if first && d.part != nil {
-		d.acked = ackAck
-		r.confirmLater(d)
-	}
-	return fmt.Errorf("%w: %w", ErrAckTimeout, err)
 }
 
 // nakPayload is a nack of a message after attempt deliveries: with the
@@ -232,11 +50,6 @@ func (r *receiver) nakPayload(attempt int) []byte {
 	}
 	return fmt.Appendf(nil, `-NAK {"delay":%d}`, d.Nanoseconds())
 }
-
-// abandon stops extending the deadline of a message whose handler returned
-// without acking it: it is redelivered when its deadline passes, unless the
-// application acks it first.
-func (d *delivery) abandon() { d.r.release(d, false) }
 
 // receiver runs one Receive call.
 type receiver struct {
@@ -254,11 +67,10 @@ type receiver struct {
 	deadTopics  map[string]*Topic                 // dead-letter topic handles, by full name
 	deadTopicMu sync.Mutex
 
-	partitions []*partition // partitioned subscriptions only; appended under mu
-
-	confirmMu   sync.Mutex
-	confirmQ    []*delivery // acked, waiting for the server to have the ack
-	confirmWake chan struct{}
+	// mode delivers an ordered subscription's keyed messages (nil
+	// without ordering); the receiver holds what the push subscription
+	// delivers.
+	mode deliveryMode
 
 	hctx    context.Context // handlers' context, cancelled when Receive ends
 	slots   chan struct{}
@@ -273,8 +85,8 @@ type receiver struct {
 	supersedeOnce sync.Once
 
 	mu       sync.Mutex
-	queue    []*delivery
-	held     map[heldKey]*delivery
+	queue    []*delivery           // waiting for a handler slot
+	held     map[heldKey]*delivery // pushed messages held
 	stopping bool
 	fatal    error
 	fatalSet chan struct{}
@@ -325,11 +137,11 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 			wake:     make(chan struct{}, 1),
 			stopped:  make(chan struct{}),
 
-			confirmWake: make(chan struct{}, 1),
-			held:        make(map[heldKey]*delivery),
-			fatalSet:    make(chan struct{}),
-			superseded:  make(chan struct{}),
+			held:       make(map[heldKey]*delivery),
+			fatalSet:   make(chan struct{}),
+			superseded: make(chan struct{}),
 		}
+		r.mode = newMode(r)
 		r.deadLetter.Store(rec.DeadLetter)
 		r.retry.Store(rec.Retry)
 		if rec.Filter != "" {
@@ -396,6 +208,7 @@ func (c *Client) checkTopic(ctx context.Context, rec *subRecord) error {
 	return nil
 }
 
+// run receives until ctx ends or a fatal error, then shuts down.
 func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) error {
 	sub, err := r.c.nc.QueueSubscribe(keyrouter.DeliverSubject(r.rec.Project, r.rec.nameID()), deliverGroup, r.onMsg)
 	if err != nil {
@@ -407,83 +220,101 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 
 	bg, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()
-	// Leases are extended until the last handler has returned: a handler
-	// still running after Receive was cancelled must not see its message
-	// redelivered, and the next of its key run, elsewhere.
+	r.loops.Add(1)
+	go r.dispatch()
+	if r.mode != nil {
+		if err := r.startMode(ctx); err != nil {
+			r.fail(err)
+		}
+	}
+	// Started after the mode, which they call: deadlines are extended until
+	// the last handler has returned (a handler still running after Receive
+	// was cancelled must not see its message redelivered, and the next of
+	// its key run, elsewhere); the first extension is a third of a
+	// deadline away.
 	stopExtending := make(chan struct{})
 	extended := make(chan struct{})
 	go func() {
 		defer close(extended)
-		r.extendLeases(stopExtending)
+		r.extendDeadlines(stopExtending)
 	}()
-	r.loops.Add(2)
-	go r.dispatch()
+	r.loops.Add(1)
 	go r.supervise(bg)
-	var partitions []jetstream.ConsumeContext
-	switch {
-	case r.rec.partitioned():
-		sctx, cancel := r.c.withTimeout(ctx)
-		partitions, err = r.startPartitions(sctx)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			// Deleted meanwhile, most likely: say so if it was.
-			if _, lerr := r.sub.load(sctx); errors.Is(lerr, ErrSubscriptionNotFound) {
-				err = lerr
-			}
-		}
-		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-			if terr := r.c.checkTopic(sctx, r.rec); errors.Is(terr, ErrTopicDeleted) {
-				err = terr // the topic was deleted as Receive started
-			}
-		}
-		cancel()
-		switch {
-		case err == nil, ctx.Err() != nil:
-		case errors.Is(err, ErrSubscriptionNotFound), errors.Is(err, ErrTopicDeleted):
-			r.fail(err)
-		default:
-			r.fail(fmt.Errorf("receive %s: %w", r.sub, err))
-		}
-		r.loops.Add(1)
-		go r.confirmAcks()
-	case r.rec.Ordering:
-		r.loops.Add(1)
-		go newOwner(r).run(bg)
-	}
 
 	select {
 	case <-ctx.Done():
 	case <-r.fatalSet:
 	}
+	r.shutdown(sub, stopBackground, cancelHandlers, func() {
+		close(stopExtending)
+		<-extended
+	})
+	return r.fatal
+}
 
-	// Stop taking messages, hand back what no handler has started, wait for
-	// the handlers, then hand back whatever they left unacked.
+// startMode starts the delivery mode, and says why it failed: a
+// subscription or topic deleted as Receive started, most likely.
+func (r *receiver) startMode(ctx context.Context) error {
+	sctx, cancel := r.c.withTimeout(ctx)
+	defer cancel()
+	err := r.mode.start(sctx)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if _, lerr := r.sub.load(sctx); errors.Is(lerr, ErrSubscriptionNotFound) {
+			err = lerr
+		}
+	}
+	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if terr := r.c.checkTopic(sctx, r.rec); errors.Is(terr, ErrTopicDeleted) {
+			err = terr
+		}
+	}
+	switch {
+	case err == nil, ctx.Err() != nil:
+		return nil
+	case errors.Is(err, ErrSubscriptionNotFound), errors.Is(err, ErrTopicDeleted):
+		return err
+	}
+	return fmt.Errorf("receive %s: %w", r.sub, err)
+}
+
+// shutdown ends Receive, in this order, under one deadline for every step
+// that waits on the server (the handlers are waited for without one:
+// Receive returns only once every handler has):
+//
+//  1. Stop taking messages: the push subscription and the mode drain, so
+//     what the connection already holds for us is handed back at once
+//     instead of waiting out its ack deadline; the background loops end.
+//  2. Hand back what no handler has started.
+//  3. Cancel the handlers' context and wait for every handler.
+//  4. Stop the dead-letter topics' publishers and the deadline extension.
+//  5. The mode settles what it holds (acks confirmed, the rest handed
+//     back) and gives up what it owned; the receiver hands back what
+//     handlers left unacked.
+//  6. Remove consumers an owner may have created after the subscription
+//     was deleted.
+func (r *receiver) shutdown(sub *nats.Subscription, stopBackground, cancelHandlers, stopExtending func()) {
+	deadline := time.Now().Add(r.c.cfg.apiTimeout)
+
+	// 1.
 	r.mu.Lock()
 	r.stopping = true
 	r.mu.Unlock()
-	// Drain hands what the connection already holds for us to onMsg, which
-	// nacks it now that stopping is set, instead of dropping it to wait out
-	// its ack deadline.
+	if r.mode != nil {
+		r.mode.stop(deadline)
+	}
 	closed := sub.StatusChanged(nats.SubscriptionClosed)
 	if err := sub.Drain(); err == nil {
 		select {
 		case <-closed:
-		case <-time.After(r.c.cfg.apiTimeout):
+		case <-time.After(time.Until(deadline)):
 		}
 	}
 	_ = sub.Unsubscribe()
-	// Drain, as above: what the client buffered is handed back now.
-	for _, cc := range partitions {
-		cc.Drain()
-	}
-	for _, cc := range partitions {
-		select {
-		case <-cc.Closed():
-		case <-time.After(r.c.cfg.apiTimeout):
-		}
-	}
 	close(r.stopped)
 	stopBackground()
 	r.loops.Wait()
+
+	// 2.
 	r.mu.Lock()
 	queued := r.queue
 	r.queue = nil
@@ -491,16 +322,23 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	for _, d := range queued {
 		d.finish(ackNak)
 	}
+
+	// 3.
 	cancelHandlers()
 	r.workers.Wait()
-	r.confirmRemaining(nil) // what handlers acked after confirmAcks ended
+
+	// 4.
 	r.deadTopicMu.Lock()
 	for _, t := range r.deadTopics {
 		t.Stop()
 	}
 	r.deadTopicMu.Unlock()
-	close(stopExtending)
-	<-extended
+	stopExtending()
+
+	// 5.
+	if r.mode != nil {
+		r.mode.end(deadline)
+	}
 	r.mu.Lock()
 	var left []*delivery
 	for _, d := range r.held {
@@ -510,18 +348,17 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	for _, d := range left {
 		d.finish(ackNak)
 	}
-	r.unpin()
+
+	// 6.
 	if r.fatal != nil && (errors.Is(r.fatal, ErrSubscriptionNotFound) || errors.Is(r.fatal, ErrDetached)) {
-		// An owner may have created a key consumer after the subscription's
-		// consumers were removed; remove it too, unless a subscription of
-		// the same id was created meanwhile (its consumers have our names).
+		// Unless a subscription of the same id was created meanwhile (its
+		// consumers have our names).
 		cctx, cancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
 		if rec, err := r.sub.load(cctx); errors.Is(err, ErrSubscriptionNotFound) || (err == nil && rec.Detached && rec.Created.Equal(r.rec.Created)) {
 			_ = r.c.deleteConsumers(cctx, r.rec)
 		}
 		cancel()
 	}
-	return r.fatal
 }
 
 // supersede marks this run's messages as the old epoch's.
@@ -569,26 +406,11 @@ type arrival struct {
 	data           []byte
 	consumer       string
 	seq, attempt   uint64
-	dseq           uint64 // the consumer's delivery sequence
 	published      time.Time
-	pin            string // the pin id of a partition's term
 }
 
-// onMsg runs on the subscription's delivery goroutine for every pushed
-// message.
-func (r *receiver) onMsg(m *nats.Msg) {
-	meta, err := m.Metadata()
-	if err != nil {
-		return // not a JetStream delivery (nothing else is sent here)
-	}
-	r.deliver(nil, arrival{subject: m.Subject, reply: m.Reply, header: m.Header, data: m.Data,
-		consumer: meta.Consumer, seq: meta.Sequence.Stream, attempt: meta.NumDelivered, published: meta.Timestamp})
-}
-
-// deliver records a delivered message and queues it; p is its partition
-// (nil for push consumers).
-func (r *receiver) deliver(p *partition, a arrival) {
-	k := heldKey{consumer: a.consumer, seq: a.seq}
+// newDelivery is the delivery of a, held by home.
+func (r *receiver) newDelivery(home holder, a arrival) *delivery {
 	now := time.Now()
 	msg := &Message{
 		Data:            a.data,
@@ -599,47 +421,49 @@ func (r *receiver) deliver(p *partition, a arrival) {
 		ReceiveTime:     now.UTC(),
 	}
 	readHeaders(a.header, msg)
-	d := &delivery{r: r, key: k, part: p, subject: a.subject, reply: a.reply, dseq: a.dseq, msg: msg, arrived: now, lastExtend: now}
+	d := &delivery{r: r, home: home, key: heldKey{consumer: a.consumer, seq: a.seq}, subject: a.subject, reply: a.reply, msg: msg, arrived: now}
+	d.lastExtend.Store(now.UnixNano())
 	msg.d = d
+	return d
+}
 
-	r.mu.Lock()
-	if p != nil {
-		p.arrivedLocked(a.pin, a.dseq)
+// onMsg runs on the push subscription's delivery goroutine for every
+// pushed message: the shared consumer's, and per-key consumers'.
+func (r *receiver) onMsg(m *nats.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		return // not a JetStream delivery (nothing else is sent here)
 	}
-	if held, dup := r.held[k]; dup {
+	d := r.newDelivery(r, arrival{subject: m.Subject, reply: m.Reply, header: m.Header, data: m.Data,
+		consumer: meta.Consumer, seq: meta.Sequence.Stream, attempt: meta.NumDelivered, published: meta.Timestamp})
+	r.mu.Lock()
+	if _, dup := r.held[d.key]; dup {
 		// A redelivery of a message this process still holds (its deadline
-		// passed while it waited): keep the copy we have, under the
-		// server's newest delivery sequence, which the fence counts it by.
-		// Even when stopping: a nack would let it run elsewhere beside our
-		// handler.
-		held.dseq = a.dseq
+		// passed while it waited): keep the copy we have. Even when
+		// stopping: a nack would let it run elsewhere beside our handler.
 		r.mu.Unlock()
 		return
 	}
 	if r.stopping {
 		r.mu.Unlock()
-		_ = r.c.nc.Publish(a.reply, handBackPayload)
+		_ = r.c.nc.Publish(d.reply, handBackPayload)
 		return
 	}
-	if p != nil && a.pin != "" && a.pin == p.lostPin {
-		// Sent in a term that has ended: the new owner's fence counts it,
-		// and it must not start here beside the new owner's handlers.
-		// (Unless the server has that pin again: checkPin finds out.)
-		p.checkPinLocked(a.pin)
-		r.mu.Unlock()
-		_ = r.c.nc.Publish(a.reply, ackPayload[ackNak])
-		return
-	}
-	r.held[k] = d
-	var start []*delivery
-	if p != nil {
-		start = p.addLocked(d)
-	} else {
-		start = []*delivery{d}
-	}
-	startNow, queued := r.launchLocked(start)
+	r.held[d.key] = d
+	now, queued := r.launchLocked([]*delivery{d})
 	r.mu.Unlock()
-	r.afterLaunch(startNow, queued)
+	r.afterLaunch(now, queued)
+}
+
+// launch hands ds, which may start now, to handlers.
+func (r *receiver) launch(ds []*delivery) {
+	if len(ds) == 0 {
+		return
+	}
+	r.mu.Lock()
+	now, queued := r.launchLocked(ds)
+	r.mu.Unlock()
+	r.afterLaunch(now, queued)
 }
 
 // launchLocked hands ds to handlers: those it can start at once (a free
@@ -675,105 +499,28 @@ func (r *receiver) afterLaunch(now []*delivery, queued bool) {
 	}
 }
 
-// release forgets d: its deadline is no longer extended. settled says the
-// server has its ack, for the gate of a partitioned key.
-func (r *receiver) release(d *delivery, settled bool) {
+// The receiver holds the pushed messages (holder): JetStream itself holds
+// back a key's next message, so a release starts nothing.
+
+var _ holder = (*receiver)(nil)
+
+func (r *receiver) current(d *delivery) *delivery {
 	r.mu.Lock()
-	var start []*delivery
+	defer r.mu.Unlock()
+	return r.held[d.key]
+}
+
+func (r *receiver) release(d *delivery, _ bool) {
+	r.mu.Lock()
 	if r.held[d.key] == d {
 		delete(r.held, d.key)
-		if d.part != nil {
-			start = d.part.releaseLocked(d, settled)
-		}
-	} else if settled && d.part != nil {
-		start = d.part.settledLateLocked(d)
-	}
-	now, queued := r.launchLocked(start)
-	r.mu.Unlock()
-	r.afterLaunch(now, queued)
-}
-
-// confirmRemaining is the last round of confirmAcks, once Receive is
-// stopping, so the books (and ReceiveStats) end square.
-func (r *receiver) confirmRemaining(unconfirmed []*delivery) {
-	r.confirmMu.Lock()
-	batch := append(r.confirmQ, unconfirmed...)
-	r.confirmQ = nil
-	r.confirmMu.Unlock()
-	if len(batch) == 0 {
-		return
-	}
-	err := r.c.nc.FlushTimeout(r.c.cfg.apiTimeout)
-	for _, d := range batch {
-		r.release(d, err == nil)
-	}
-}
-
-// markAckSent records that d's ack is on its way: a fence no longer
-// counts it as unacked.
-func (r *receiver) markAckSent(d *delivery) {
-	r.mu.Lock()
-	if r.held[d.key] == d && !d.ackSent {
-		d.ackSent = true
 	}
 	r.mu.Unlock()
 }
 
-// confirmLater releases d once a round trip to the server shows the server
-// has its ack.
-func (r *receiver) confirmLater(d *delivery) {
-	r.confirmMu.Lock()
-	r.confirmQ = append(r.confirmQ, d)
-	r.confirmMu.Unlock()
-	select {
-	case r.confirmWake <- struct{}{}:
-	default:
-	}
-}
-
-// confirmAcks confirms acks in groups: one flush (a PING the server answers
-// after everything sent before it) for all the acks sent meanwhile. Acks
-// that cannot be confirmed (the connection is down) are sent again until
-// they are: their keys wait, as the server may or may not have them.
-func (r *receiver) confirmAcks() {
-	defer r.loops.Done()
-	var batch, unconfirmed []*delivery
-	failing := false // warned about this run of failures
-	retry := time.NewTimer(0)
-	<-retry.C
-	for {
-		select {
-		case <-r.confirmWake:
-		case <-retry.C:
-			for _, d := range unconfirmed {
-				_ = r.c.nc.Publish(d.reply, ackPayload[d.acked])
-			}
-		case <-r.stopped:
-			r.confirmRemaining(unconfirmed)
-			return
-		}
-		r.confirmMu.Lock()
-		batch, r.confirmQ = r.confirmQ, batch[:0]
-		r.confirmMu.Unlock()
-		batch = append(batch, unconfirmed...)
-		unconfirmed = unconfirmed[:0]
-		if err := r.c.nc.FlushTimeout(r.c.cfg.apiTimeout); err != nil {
-			if !failing {
-				failing = true
-				r.c.cfg.logger.Warn("acks not confirmed; sending them again until they are, their keys wait", "subscription", r.sub.id, "messages", len(batch), "err", err)
-			}
-			unconfirmed = append(unconfirmed, batch...)
-			clear(batch)
-			retry.Reset(250 * time.Millisecond)
-			continue
-		}
-		failing = false
-		for i, d := range batch {
-			r.release(d, true)
-			batch[i] = nil
-		}
-	}
-}
+func (r *receiver) confirmsAcks() bool       { return false }
+func (r *receiver) ackSending(*delivery)     {}
+func (r *receiver) confirmLater(d *delivery) { r.release(d, true) }
 
 // dispatch hands queued messages to handlers, at most
 // MaxOutstandingMessages at a time.
@@ -879,8 +626,8 @@ func (r *receiver) moveToDeadLetter(d *delivery, dl *deadLetterRecord) {
 	r.c.cfg.logger.Info("moved message to dead-letter topic", "subscription", r.sub.id,
 		"dead_letter_topic", t.String(), "message", m.ID, "ordering_key", m.OrderingKey, "attempts", m.DeliveryAttempt-1)
 	d.finish(ackTerm)
-	if f := r.settings.OnDeadLetter; f != nil {
-		f(m)
+	if h := r.settings.Hooks; h != nil {
+		h.DeadLettered(r.sub, m)
 	}
 }
 
@@ -899,9 +646,9 @@ func (r *receiver) deadTopic(dl *deadLetterRecord) *Topic {
 	return t
 }
 
-// extendLeases keeps the deadline of every held message from passing while
+// extendDeadlines keeps the deadline of every held message from passing while
 // it waits for, or runs in, a handler.
-func (r *receiver) extendLeases(stop <-chan struct{}) {
+func (r *receiver) extendDeadlines(stop <-chan struct{}) {
 	deadline := r.rec.ackDeadline()
 	period := deadline / 3
 	t := time.NewTicker(period)
@@ -915,14 +662,20 @@ func (r *receiver) extendLeases(stop <-chan struct{}) {
 		}
 		now := time.Now()
 		due = due[:0]
-		r.mu.Lock()
-		for _, d := range r.held {
-			if now.Sub(d.lastExtend) >= deadline/2 && now.Sub(d.arrived) < r.settings.MaxExtension {
-				d.lastExtend = now
+		extend := func(d *delivery) {
+			if now.Sub(time.Unix(0, d.lastExtend.Load())) >= deadline/2 && now.Sub(d.arrived) < r.settings.MaxExtension {
+				d.lastExtend.Store(now.UnixNano())
 				due = append(due, d.reply)
 			}
 		}
+		r.mu.Lock()
+		for _, d := range r.held {
+			extend(d)
+		}
 		r.mu.Unlock()
+		if r.mode != nil {
+			r.mode.eachHeld(extend)
+		}
 		for _, reply := range due {
 			_ = r.c.nc.Publish(reply, ackPayload[ackProgress])
 		}
@@ -968,8 +721,8 @@ func (r *receiver) supervise(ctx context.Context) {
 		if err == nil {
 			err = r.c.checkTopic(cctx, r.rec)
 		}
-		if err == nil && r.rec.partitioned() {
-			r.checkAwaiting(cctx)
+		if err == nil && r.mode != nil {
+			r.mode.check(cctx)
 		}
 		cancel()
 		if errors.Is(err, ErrSubscriptionNotFound) || errors.Is(err, ErrTopicDeleted) || errors.Is(err, ErrClosed) || errors.Is(err, ErrDetached) || errors.Is(err, errEpochChanged) {

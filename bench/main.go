@@ -74,7 +74,7 @@ func main() {
 	// loaded machine stalls nothing.
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(10_000))
 	check(err)
-	client, err := adapter.NewClient(nc, project, adapter.WithIdleTimeout(*idleTimeout))
+	client, err := adapter.NewClient(nc, project, adapter.WithKeyConsumerIdleTimeout(*idleTimeout))
 	check(err)
 	b := &bench{nc: nc, js: js, client: client}
 

@@ -30,7 +30,7 @@ type sidecarBench struct {
 }
 
 func (b *bench) startSidecar() *sidecarBench {
-	br := broker.New(b.nc, nil, nil, adapter.WithIdleTimeout(*idleTimeout))
+	br := broker.New(b.nc, nil, nil, adapter.WithKeyConsumerIdleTimeout(*idleTimeout))
 	// Push to loopback only, the sidecar's default: the endpoint is in
 	// this process.
 	allow, err := push.ParseAllowList(push.DefaultAllow)

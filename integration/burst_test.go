@@ -17,7 +17,7 @@ import (
 // the same burst with 10,000 keys.)
 func TestKeyBurstConsumersFallBack(t *testing.T) {
 	const keys = 2000
-	e := newEnv(t, adapter.WithIdleTimeout(500*time.Millisecond))
+	e := newEnv(t, adapter.WithKeyConsumerIdleTimeout(500*time.Millisecond))
 	topic := e.createTopic("burst")
 	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
 	var delivered atomic.Int32

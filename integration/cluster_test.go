@@ -25,7 +25,7 @@ func TestClusterR3OrderedDelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cluster.Shutdown)
-	opts := []adapter.Option{adapter.WithReplicas(3), adapter.WithOwnerLease(2 * time.Second)}
+	opts := []adapter.Option{adapter.WithReplicas(3), adapter.WithFailoverTimeout(2 * time.Second)}
 	clients := make([]*adapter.Client, 2)
 	for i := range clients {
 		nc := testutil.Connect(t, cluster.Nodes[i].ClientURL())

@@ -444,7 +444,7 @@ func TestFaultServerRestart(t *testing.T) {
 	srv := testutil.ServerAt(t, dir, -1)
 	port := srv.Addr().(*net.TCPAddr).Port
 	url := srv.ClientURL()
-	opts := append(testLogger(), adapter.WithOwnerLease(2*time.Second))
+	opts := append(testLogger(), adapter.WithFailoverTimeout(2*time.Second))
 	conns := make([]*nats.Conn, 3) // a publisher and two receivers, as three processes
 	clients := make([]*adapter.Client, 3)
 	for i := range conns {
@@ -534,7 +534,7 @@ func fltClusterNodeKilled(t *testing.T, leader bool) {
 	t.Cleanup(cluster.Shutdown)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	opts := append(testLogger(), adapter.WithReplicas(3), adapter.WithOwnerLease(2*time.Second))
+	opts := append(testLogger(), adapter.WithReplicas(3), adapter.WithFailoverTimeout(2*time.Second))
 	admin, err := adapter.NewClient(fltConnect(t, cluster.ClientURLs()), project, opts...)
 	if err != nil {
 		t.Fatal(err)

@@ -106,7 +106,7 @@ func keyConsumers(t *testing.T, e *env, topic, sub string) int {
 // nacks and deadline expiries and per-key consumers retired and recreated
 // between waves. The checker looks at every delivery.
 func TestOrderingChecker(t *testing.T) {
-	opts := []adapter.Option{adapter.WithIdleTimeout(300 * time.Millisecond), adapter.WithOwnerLease(2 * time.Second)}
+	opts := []adapter.Option{adapter.WithKeyConsumerIdleTimeout(300 * time.Millisecond), adapter.WithFailoverTimeout(2 * time.Second)}
 	e := newEnv(t, opts...)
 	topic := e.createTopic("checked")
 	cfg := adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: time.Second}
@@ -140,7 +140,7 @@ func TestOrderingChecker(t *testing.T) {
 // retired, again and again: the create/delete race must lose, reorder and
 // duplicate nothing.
 func TestRetireRaceLosesNothing(t *testing.T) {
-	e := newEnv(t, adapter.WithIdleTimeout(100*time.Millisecond))
+	e := newEnv(t, adapter.WithKeyConsumerIdleTimeout(100*time.Millisecond))
 	topic := e.createTopic("churn")
 	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPerKey})
 	c := ordercheck.New()

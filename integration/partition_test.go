@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,7 +109,7 @@ type failover struct {
 // newFailover returns once A holds held|0 and has acked every "other"
 // message, with B receiving.
 func newFailover(t *testing.T) *failover {
-	opts := []adapter.Option{adapter.WithOwnerLease(3 * time.Second)}
+	opts := []adapter.Option{adapter.WithFailoverTimeout(3 * time.Second)}
 	f := &failover{e: newEnv(t, opts...), log: &partLog{}, release: make(chan struct{}, 1)}
 	f.topic = f.e.createTopic("failover")
 	f.e.createSub("failover-sub", adapter.SubscriptionConfig{Topic: f.topic, EnableMessageOrdering: true, AckDeadline: 2 * time.Second,
@@ -432,14 +433,14 @@ func TestSidecarDeliveryLabels(t *testing.T) {
 
 // A key that never acks holds back only its own messages until its
 // partition's buffer is full; then the partition stops, for every key, and
-// ReceiveStats shows it. Once the key acks, everything flows again.
+// the Hooks say so. Once the key acks, everything flows again.
 func TestPartitionBufferFullStopsPartition(t *testing.T) {
 	e := newEnv(t)
 	topic := e.createTopic("stuck")
 	sub := e.createSub("stuck-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 10 * time.Second,
 		Delivery: adapter.DeliveryPartitioned, Partitions: 1, PartitionBuffer: 10})
-	stats := &adapter.ReceiveStats{}
-	sub.ReceiveSettings.Stats = stats
+	stats := &partitionGauges{}
+	sub.ReceiveSettings.Hooks = stats
 	log := &partLog{}
 	var stuck sync.Mutex // held while key "stuck" must not ack
 	stuck.Lock()
@@ -463,9 +464,9 @@ func TestPartitionBufferFullStopsPartition(t *testing.T) {
 	for i := 1; i < 10; i++ {
 		publish(t, topic, string(ordercheck.Encode("stuck", i)), "stuck")
 	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return stats.PartitionsFull.Load() == 1 },
-		"partition never reported full (buffered %d)", stats.PartitionBuffered.Load)
-	if got := stats.PartitionBuffered.Load(); got != 10 {
+	testutil.Eventually(t, 10*time.Second, func() bool { return stats.full.Load() == 1 },
+		"partition never reported full (buffered %d)", stats.buffered.Load)
+	if got := stats.buffered.Load(); got != 10 {
 		t.Fatalf("buffered %d, want the limit, 10", got)
 	}
 	publish(t, topic, string(ordercheck.Encode("other", 3)), "other")
@@ -480,10 +481,10 @@ func TestPartitionBufferFullStopsPartition(t *testing.T) {
 	unstuck()
 	testutil.Eventually(t, 10*time.Second, func() bool { _, ok := log.ackedAt("other", 3); return ok }, "other|3 never delivered after the stuck key acked: %s", log.String)
 	testutil.Eventually(t, 10*time.Second, func() bool { _, ok := log.ackedAt("stuck", 9); return ok }, "stuck key did not finish: %s", log.String)
-	testutil.Eventually(t, 10*time.Second, func() bool { return stats.PartitionsFull.Load() == 0 && stats.PartitionBuffered.Load() == 0 },
-		"gauges did not return to 0: full %d, buffered %d", stats.PartitionsFull.Load, stats.PartitionBuffered.Load)
-	if stats.PartitionsOwned.Load() != 1 {
-		t.Fatalf("owned %d partitions, want 1", stats.PartitionsOwned.Load())
+	testutil.Eventually(t, 10*time.Second, func() bool { return stats.full.Load() == 0 && stats.buffered.Load() == 0 },
+		"gauges did not return to 0: full %d, buffered %d", stats.full.Load, stats.buffered.Load)
+	if stats.owned.Load() != 1 {
+		t.Fatalf("owned %d partitions, want 1", stats.owned.Load())
 	}
 	for i := range 10 {
 		ev, _ := log.first("R", "stuck", i)
@@ -494,4 +495,16 @@ func TestPartitionBufferFullStopsPartition(t *testing.T) {
 			}
 		}
 	}
+}
+
+// partitionGauges add up what Receive's hooks report of partitions.
+type partitionGauges struct {
+	adapter.NoHooks
+	owned, buffered, full atomic.Int64
+}
+
+func (g *partitionGauges) PartitionChanged(_ *adapter.Subscription, c adapter.PartitionChange) {
+	g.owned.Add(int64(c.Owned))
+	g.buffered.Add(int64(c.Buffered))
+	g.full.Add(int64(c.Full))
 }

@@ -21,7 +21,7 @@ import (
 // Two clients receive one subscription; the one that owns key discovery
 // stops half-way and the other takes over. The checker sees every delivery.
 func TestTwoReceiversOwnerHandOver(t *testing.T) {
-	opts := []adapter.Option{adapter.WithIdleTimeout(300 * time.Millisecond), adapter.WithOwnerLease(2 * time.Second)}
+	opts := []adapter.Option{adapter.WithKeyConsumerIdleTimeout(300 * time.Millisecond), adapter.WithFailoverTimeout(2 * time.Second)}
 	e := newEnv(t, opts...)
 	topic := e.createTopic("handover")
 	e.createSub("shared", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: time.Second})
@@ -179,7 +179,7 @@ func TestDeleteTopicWhileReceiving(t *testing.T) {
 func TestDeleteSubscriptionWhileReceiving(t *testing.T) {
 	// Idle key consumers are retired quickly: the clean-up that would
 	// find them gone runs while Receive is still ending.
-	e := newEnv(t, adapter.WithIdleTimeout(100*time.Millisecond))
+	e := newEnv(t, adapter.WithKeyConsumerIdleTimeout(100*time.Millisecond))
 	topic := e.createTopic("topic-1")
 	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
 	var mu sync.Mutex
@@ -273,7 +273,7 @@ func TestMessageFieldsRoundTrip(t *testing.T) {
 // Receive stops every goroutine it starts: start and stop it many times and
 // the process's goroutine count comes back.
 func TestReceiveStopsItsGoroutines(t *testing.T) {
-	e := newEnv(t, adapter.WithIdleTimeout(100*time.Millisecond))
+	e := newEnv(t, adapter.WithKeyConsumerIdleTimeout(100*time.Millisecond))
 	topic := e.createTopic("cycles")
 	sub := e.createSub("sub-1", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
 	cycle := func(i int) {

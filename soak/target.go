@@ -194,7 +194,7 @@ func startLibrary(dir string, idle time.Duration, log *slog.Logger) (*target, er
 	if err != nil {
 		return fail(err)
 	}
-	client, err := adapter.NewClient(nc, project, adapter.WithIdleTimeout(idle), adapter.WithLogger(log))
+	client, err := adapter.NewClient(nc, project, adapter.WithKeyConsumerIdleTimeout(idle), adapter.WithLogger(log))
 	if err != nil {
 		return fail(err)
 	}

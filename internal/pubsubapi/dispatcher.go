@@ -166,8 +166,7 @@ func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, e
 	s.dispatchers[name] = d
 	sub.ReceiveSettings.MaxOutstandingMessages = s.cfg.MaxOutstandingMessages
 	sub.ReceiveSettings.MaxExtension = maxHeldExtension
-	sub.ReceiveSettings.OnDeadLetter = func(*adapter.Message) { s.b.Metrics.DeadLettered.Inc() }
-	sub.ReceiveSettings.Stats = &s.partitions
+	sub.ReceiveSettings.Hooks = &s.partitions
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()

@@ -83,7 +83,7 @@ type Server struct {
 
 	topicSchemas topicSchemaCache // for Publish
 
-	partitions adapter.ReceiveStats // of every subscription's Receive
+	partitions receiveGauges // of every subscription's Receive
 	snapshots  snapshotStore
 	pusher     *pushRunner // nil: push subscriptions are disabled
 
@@ -118,6 +118,7 @@ func New(b *broker.Broker, cfg Config) *Server {
 		cfg.Schemas = NewSchemaServer(b.Conn(), 1, cfg.Logger)
 	}
 	s := &Server{b: b, cfg: cfg, log: cfg.Logger, epoch: newEpoch(), dispatchers: make(map[string]*dispatcher)}
+	s.partitions.deadLettered = b.Metrics.DeadLettered.Inc
 	var js jetstream.JetStream // nil without a connection: the snapshot RPCs fail
 	if nc := b.Conn(); nc != nil {
 		js, _ = jetstream.New(nc)
@@ -154,11 +155,11 @@ func New(b *broker.Broker, cfg Config) *Server {
 	gauge := func(name, help string, v *atomic.Int64) {
 		b.Metrics.GaugeFunc(name, help, func() (float64, bool) { return float64(v.Load()), true })
 	}
-	gauge("jetorder_partitions_owned", "Partitions of partitioned subscriptions this sidecar owns.", &s.partitions.PartitionsOwned)
+	gauge("jetorder_partitions_owned", "Partitions of partitioned subscriptions this sidecar owns.", &s.partitions.owned)
 	gauge("jetorder_partition_buffered_messages", "Unacked messages owned partitions hold: with a client, or waiting behind an earlier message of their key.",
-		&s.partitions.PartitionBuffered)
+		&s.partitions.buffered)
 	gauge("jetorder_partitions_full", "Owned partitions whose buffer is full: nothing more of them is delivered, for any key, until a message is acked "+
-		"(a key that never acks ends there).", &s.partitions.PartitionsFull)
+		"(a key that never acks ends there).", &s.partitions.full)
 	return s
 }
 
@@ -424,3 +425,20 @@ func page[T any](items []T, name func(T) string, size int32, token string) ([]T,
 }
 
 var errShuttingDown = status.Error(codes.Unavailable, "the sidecar is shutting down")
+
+// receiveGauges are the receive hooks of every subscription's Receive:
+// partition gauges and dead letters.
+type receiveGauges struct {
+	owned, buffered, full atomic.Int64
+	deadLettered          func()
+}
+
+var _ adapter.Hooks = (*receiveGauges)(nil)
+
+func (g *receiveGauges) DeadLettered(*adapter.Subscription, *adapter.Message) { g.deadLettered() }
+
+func (g *receiveGauges) PartitionChanged(_ *adapter.Subscription, c adapter.PartitionChange) {
+	g.owned.Add(int64(c.Owned))
+	g.buffered.Add(int64(c.Buffered))
+	g.full.Add(int64(c.Full))
+}

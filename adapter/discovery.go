@@ -15,8 +15,8 @@ import (
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
-// owner runs key discovery and clean-up for an ordered subscription. Every
-// Receive call runs one, but only the holder of the subscription's lease
+// discoverer runs key discovery and clean-up for an ordered subscription. Every
+// Receive call runs one, but only the holder of the subscription's discovery lease
 // acts, so discovery and clean-up for a subscription happen in one
 // goroutine at a time.
 //
@@ -35,7 +35,7 @@ import (
 // above the floor (the floor only moves in this goroutine, between
 // clean-ups), so discovery finds it and creates the consumer again, starting
 // at it: no message is skipped, and none is delivered twice by the race.
-type owner struct {
+type discoverer struct {
 	r     *receiver
 	c     *Client
 	rec   *subRecord
@@ -45,7 +45,7 @@ type owner struct {
 	floorKey string
 
 	stream      jetstream.Stream
-	startFloor  uint64 // the stored floor when this ownership began
+	startFloor  uint64 // the stored floor when this discoverer took the lease
 	floor       uint64 // stored discovery floor
 	floorRev    uint64
 	floorStored time.Time
@@ -60,18 +60,18 @@ type liveKey struct {
 	lastSeq  uint64    // highest sequence of the key discovery handed to it
 	lastSeen time.Time // when discovery last saw the key
 	// verified is false for a consumer found at take-over, until discovery
-	// has made sure it still exists: a late delete by a dead owner cannot
+	// has made sure it still exists: a late delete by a dead discoverer cannot
 	// then leave a key without a consumer. It is false again after a delete
 	// of ours whose outcome is unknown.
 	verified bool
-	// retiredUpTo is set when this owner sent a delete that may have gone
+	// retiredUpTo is set when this discoverer sent a delete that may have gone
 	// through: every message of the key up to it had been acked.
 	retiredUpTo uint64
 }
 
 const (
 	// floorInterval bounds how often the discovery floor is written; a new
-	// owner re-reads at most this much of the stream.
+	// discoverer re-reads at most this much of the stream.
 	floorInterval  = 100 * time.Millisecond
 	discoveryBatch = 1024
 	discoveryPace  = 5 * time.Millisecond
@@ -80,17 +80,17 @@ const (
 	maxNameCache   = 100_000
 )
 
-func newOwner(r *receiver) *owner {
-	return &owner{r: r, c: r.c, rec: r.rec, floorKey: r.sub.floorKey(r.rec.Epoch)}
+func newDiscoverer(r *receiver) *discoverer {
+	return &discoverer{r: r, c: r.c, rec: r.rec, floorKey: r.sub.floorKey(r.rec.Epoch)}
 }
 
-func (o *owner) warn(msg string, err error) {
-	o.c.cfg.logger.Warn(msg, "subscription", o.rec.ID, "owner", o.lease.id, "err", err)
+func (o *discoverer) warn(msg string, err error) {
+	o.c.cfg.logger.Warn(msg, "subscription", o.rec.ID, "discoverer", o.lease.id, "err", err)
 }
 
-// run tries to take the lease until ctx ends; while it holds it, it owns.
-func (o *owner) run(ctx context.Context) {
-	defer o.r.loops.Done()
+// run tries to take the discovery lease until ctx ends; while it holds it,
+// it discovers.
+func (o *discoverer) run(ctx context.Context) {
 	cctx, cancel := o.c.withTimeout(ctx)
 	subsKV, leases, ttl, err := o.c.registry(cctx)
 	cancel()
@@ -108,7 +108,7 @@ func (o *owner) run(ctx context.Context) {
 			o.warn("lease check failed", err)
 		}
 		if ok {
-			o.c.cfg.logger.Info("owns key discovery", "subscription", o.rec.ID, "owner", o.lease.id)
+			o.c.cfg.logger.Info("holds the discovery lease", "subscription", o.rec.ID, "discoverer", o.lease.id)
 			err := o.hold(ctx)
 			o.lease.release()
 			if ctx.Err() != nil || errors.Is(err, errEpochChanged) {
@@ -126,7 +126,7 @@ func (o *owner) run(ctx context.Context) {
 
 // hold keeps the lease renewed while own runs, and stops own when the
 // lease is lost.
-func (o *owner) hold(ctx context.Context) error {
+func (o *discoverer) hold(ctx context.Context) error {
 	octx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg sync.WaitGroup
@@ -146,7 +146,7 @@ func (o *owner) hold(ctx context.Context) error {
 
 // own runs discovery and clean-up until ctx ends or an error occurs; each
 // start re-reads everything from JetStream.
-func (o *owner) own(ctx context.Context) error {
+func (o *discoverer) own(ctx context.Context) error {
 	cctx, cancel, err := o.lease.opContext(ctx)
 	if err != nil {
 		return err
@@ -175,14 +175,14 @@ func (o *owner) own(ctx context.Context) error {
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    o.floor + 1,
 		HeadersOnly:    true,
-		// Removed when ownership ends; this bounds its life if that fails.
+		// Removed when the lease is given up; this bounds its life if that fails.
 		InactiveThreshold: 30 * time.Second,
 	})
 	if err != nil {
 		return fmt.Errorf("start key discovery: %w", err)
 	}
 	defer o.dropDiscovery(discovery)
-	// Discovery streams: each message reaches the owner as soon as it is
+	// Discovery streams: each message reaches the discoverer as soon as it is
 	// stored, so a new key's first message waits only for its consumer.
 	done := make(chan struct{})
 	defer close(done)
@@ -260,7 +260,7 @@ func (o *owner) own(ctx context.Context) error {
 
 // dropDiscovery deletes the discovery consumer on the server rather than
 // leaving it to its inactivity threshold.
-func (o *owner) dropDiscovery(discovery jetstream.Consumer) {
+func (o *discoverer) dropDiscovery(discovery jetstream.Consumer) {
 	info := discovery.CachedInfo()
 	if info == nil {
 		return
@@ -270,9 +270,9 @@ func (o *owner) dropDiscovery(discovery jetstream.Consumer) {
 	_ = o.stream.DeleteConsumer(ctx, info.Name)
 }
 
-// loadLive lists the subscription's key consumers: a new owner takes over
+// loadLive lists the subscription's key consumers: a new discoverer takes over
 // what the last one left.
-func (o *owner) loadLive(ctx context.Context) error {
+func (o *discoverer) loadLive(ctx context.Context) error {
 	o.live = make(map[string]*liveKey)
 	prefix := keyrouter.KeyConsumerPrefix(o.rec.Project, o.rec.nameID())
 	names := o.stream.ConsumerNames(ctx)
@@ -287,7 +287,7 @@ func (o *owner) loadLive(ctx context.Context) error {
 
 // discover makes sure every key in batch has a consumer; only then does it
 // move the floor past the batch.
-func (o *owner) discover(ctx context.Context, batch []jetstream.Msg) error {
+func (o *discoverer) discover(ctx context.Context, batch []jetstream.Msg) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -368,9 +368,9 @@ func (o *owner) discover(ctx context.Context, batch []jetstream.Msg) error {
 }
 
 // storeFloor persists how far discovery got. Clean-up trusts only the
-// stored floor, so a new owner, starting from it, never meets a message of
+// stored floor, so a new discoverer, starting from it, never meets a message of
 // a key whose consumer was removed after delivering that message.
-func (o *owner) storeFloor(ctx context.Context) error {
+func (o *discoverer) storeFloor(ctx context.Context) error {
 	if o.seen <= o.floor {
 		return nil
 	}
@@ -389,7 +389,7 @@ func (o *owner) storeFloor(ctx context.Context) error {
 
 // createKeyConsumer creates a key's consumer starting at start. A consumer
 // of that name that exists already started earlier and covers start.
-func (o *owner) createKeyConsumer(ctx context.Context, name, subject string, start uint64) error {
+func (o *discoverer) createKeyConsumer(ctx context.Context, name, subject string, start uint64) error {
 	cctx, cancel, err := o.lease.opContext(ctx)
 	if err != nil {
 		return err
@@ -417,7 +417,7 @@ const (
 )
 
 // cleanup retires idle key consumers, a bounded number per call.
-func (o *owner) cleanup(ctx context.Context) {
+func (o *discoverer) cleanup(ctx context.Context) {
 	cutoff := time.Now().Add(-o.c.cfg.idleTimeout)
 	var idle []string
 	for name, lk := range o.live {
@@ -466,10 +466,10 @@ func (o *owner) cleanup(ctx context.Context) {
 }
 
 // retire removes one idle key consumer if nothing can be lost by it; see
-// the owner comment for why each step is where it is. lk is a copy: retire
+// the discoverer comment for why each step is where it is. lk is a copy: retire
 // runs beside other retires and must not touch the live map. With
 // keyMaybeGone it also returns the key's last sequence, all acked.
-func (o *owner) retire(ctx context.Context, name string, lk liveKey, floor uint64) (retireOutcome, uint64, error) {
+func (o *discoverer) retire(ctx context.Context, name string, lk liveKey, floor uint64) (retireOutcome, uint64, error) {
 	cctx, cancel, err := o.lease.opContext(ctx)
 	if err != nil {
 		return keyBusy, 0, err
@@ -521,7 +521,7 @@ func (o *owner) retire(ctx context.Context, name string, lk liveKey, floor uint6
 // next message of its key, possibly forever. A pause that ends a moment
 // from now does wake it, from the pause timer; the server's answer says
 // whether the moment is still ahead by its clock, else a longer one is tried.
-func (o *owner) resume(name string) {
+func (o *discoverer) resume(name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), o.c.cfg.apiTimeout)
 	defer cancel()
 	for delay := 10 * time.Millisecond; delay <= 2*time.Second; delay *= 4 {
@@ -540,7 +540,7 @@ func (o *owner) resume(name string) {
 // vanished handles a key consumer that is gone although clean-up has not
 // retired it: a delete of ours whose answer was lost, or one by hand, or a
 // consumer lost with a server's memory. Its unacked messages must not be
-// lost: it is created again from where this ownership's discovery started,
+// lost: it is created again from where this discoverer's discovery started,
 // at the price of redelivering what it had acked since; or, after a delete
 // of ours, from the first message after those it had acked.
 //
@@ -548,10 +548,10 @@ func (o *owner) resume(name string) {
 // anew, while this Receive still runs) is not created again: that would
 // deliver the deleted subscription's messages again, and leave a consumer
 // that nothing deletes.
-func (o *owner) vanished(ctx context.Context, name string, lk liveKey) (retireOutcome, error) {
+func (o *discoverer) vanished(ctx context.Context, name string, lk liveKey) (retireOutcome, error) {
 	if lk.subject == "" {
-		// Never seen by this owner's discovery: it had no messages above
-		// the floor this ownership started from.
+		// Never seen by this discoverer's discovery: it had no messages above
+		// the floor this discoverer started from.
 		return keyGone, nil
 	}
 	rec, err := o.r.sub.load(ctx)
@@ -583,7 +583,7 @@ func busy(info *jetstream.ConsumerInfo, lk liveKey) bool {
 	return info.NumPending > 0 || info.NumAckPending > 0 || info.AckFloor.Stream < lk.lastSeq
 }
 
-func (o *owner) consumerInfo(ctx context.Context, name string) (*jetstream.ConsumerInfo, error) {
+func (o *discoverer) consumerInfo(ctx context.Context, name string) (*jetstream.ConsumerInfo, error) {
 	c, err := o.stream.PushConsumer(ctx, name)
 	if err != nil {
 		return nil, err
@@ -592,7 +592,7 @@ func (o *owner) consumerInfo(ctx context.Context, name string) (*jetstream.Consu
 }
 
 // lastSeq is the stream sequence of the subject's last message, 0 if none.
-func (o *owner) lastSeq(ctx context.Context, subject string) (uint64, error) {
+func (o *discoverer) lastSeq(ctx context.Context, subject string) (uint64, error) {
 	seq, err := o.c.leaderMsgSeq(ctx, o.rec.stream(), msgGetRequest{LastBySubj: subject})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil

@@ -1,0 +1,78 @@
+// Package adapter is jetorder's Go library: Google-Pub/Sub-style topics,
+// subscriptions and ordering keys on NATS JetStream.
+//
+// A topic is a JetStream stream; a message's ordering key is a subject token
+// after the key's slot, a hash of the key (see package keyrouter). Messages
+// with the same ordering key reach each subscription in publish order, one
+// at a time: with message ordering enabled, a message is never handed to a
+// handler while an earlier message of its key is unacked, on any process
+// receiving from the subscription. Unkeyed messages, and every message of a
+// subscription without ordering, go through one shared consumer and are
+// never held back.
+//
+// # Receiving
+//
+// One Receive call runs a receiver: a pool of handlers
+// (ReceiveSettings.MaxOutstandingMessages), the messages it holds, whose ack
+// deadlines it extends until they are settled, and one shutdown protocol.
+// An ordered subscription's keyed messages reach it through its delivery
+// mode, chosen when the subscription is created (SubscriptionConfig.Delivery).
+//
+// # Partitioned delivery (the default)
+//
+// The topic's keyed subjects carry the key's slot, 0..63; a partitioned
+// subscription has one pull consumer per partition, whose one filter is a
+// prefix of those slots, with the pinned-client priority policy: the server
+// delivers a partition's messages to one receiving process at a time, the
+// partition's owner, and moves the pin to another when the owner sends no
+// pull request for the consumer's PinnedTTL (WithFailoverTimeout).
+//
+// The consumer's MaxAckPending is the partition's buffer
+// (SubscriptionConfig.PartitionBuffer): the owner holds every delivered
+// message until it is settled, and its gate for each key lets one message
+// of the key into a handler at a time, the one with the lowest stream
+// sequence. A key whose message was nacked or handed back waits until that
+// message is delivered again, so later messages of the key never overtake
+// it. A key's next message starts only once the server has its
+// predecessor's ack: acks are confirmed with a round trip (one for all the
+// acks sent meanwhile), so an ack lost with the connection cannot let a
+// later message overtake its redelivery. (In a cluster the round trip
+// reaches the server the client is connected to; an ack lost between it
+// and the consumer's leader, in a fail-over, is not covered.)
+//
+// Ownership terms and the take-over fence. Every delivered message carries
+// the pin id of the term it was sent in. When an owner sees a new pin id,
+// it has just (re)gained the partition, and the previous owner may still
+// have messages in its handlers. Within a term, a gap in the consumer's
+// delivery sequence means a delivery was lost on the way: a message unacked
+// at the server that no gate holds. Either way the owner fences: it starts
+// no handler until the consumer's count of unacked messages equals the
+// number it holds itself, unacked, and the first unacked message (the
+// first of the partition after the consumer's ack floor) is one of them.
+// Every message it holds and has not acked is unacked at the server, so
+// from then on every unacked message of the partition is in its hands, and
+// its gates see them all. An owner whose pull request is refused asks the
+// server who is pinned; if another client is, it hands its waiting
+// messages back at once and keeps extending those in handlers, so the new
+// owner waits for them to be acked, or for their deadline to pass (a dead
+// owner) and their redelivery, exactly as a per-key consumer would. (The
+// count can be fooled by an owner that acks, late, a message its deadline
+// let the server redeliver elsewhere; the first-message check catches that
+// when the hidden message is the first unacked one. docs/RELIABILITY.md.)
+//
+// The gates and the fence are one state machine per partition (gates.go,
+// unit-tested on its own); partitioned.go feeds it what the server sends
+// and answers, under the partition's own lock.
+//
+// # Per-key delivery
+//
+// Each key with messages gets its own durable push consumer with
+// MaxAckPending 1, so JetStream itself holds a key's next message until the
+// previous one is acked, for every receiving process at once. One receiving
+// process per subscription, the holder of the subscription's discovery
+// lease (a key of the JO_LEASES bucket), discovers new keys and removes the
+// consumers of keys idle for WithKeyConsumerIdleTimeout with nothing
+// pending; discovery.go says why that race loses and duplicates nothing.
+// Every receiving process takes the key consumers' messages on one queue
+// subscription.
+package adapter

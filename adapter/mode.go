@@ -1,0 +1,82 @@
+package adapter
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// deliveryMode is how an ordered subscription's keyed messages reach one
+// Receive call, and when each may start (doc.go describes both modes).
+//
+// The receiver owns the handler pool, the push subscription that every
+// subscription's shared consumer (and per-key delivery's key consumers)
+// deliver to, the messages it delivers, ack-deadline extension and the
+// shutdown protocol. A mode owns its consumers, goroutines and locks, and
+// hands messages that may start to receiver.launch.
+//
+// The receiver calls start once, check from its periodic subscription
+// check, eachHeld from its extension loop, and at the end stop, then (once
+// every handler has returned) end. Only eachHeld may run concurrently with
+// the others.
+type deliveryMode interface {
+	// start opens the mode's consumers and starts its background work; ctx
+	// bounds the opening only. An error ends Receive.
+	start(ctx context.Context) error
+	// check runs with the receiver's periodic subscription check (about
+	// once a second); it may call the server, within ctx.
+	check(ctx context.Context)
+	// eachHeld calls f for every delivery the mode holds, under the mode's
+	// lock: f must not block or call back into the mode.
+	eachHeld(f func(*delivery))
+	// stop stops taking messages: what arrives from now on is handed back
+	// and nothing more starts. It returns once the mode's consumers are
+	// drained and its goroutines have ended, or at deadline.
+	stop(deadline time.Time)
+	// end settles what the mode still holds (confirming acks, handing back
+	// the rest) and gives up what this process owned, by deadline.
+	end(deadline time.Time)
+}
+
+// newMode is the delivery mode of the receiver's subscription: nil when
+// every message comes through the push subscription alone (without
+// ordering).
+func newMode(r *receiver) deliveryMode {
+	switch {
+	case r.rec.partitioned():
+		return newPartitionedMode(r)
+	case r.rec.Ordering:
+		return &perKeyMode{r: r}
+	}
+	return nil
+}
+
+// perKeyMode is per-key delivery (DeliveryPerKey): JetStream holds back a
+// key's next message (a consumer per key with MaxAckPending 1), whose
+// messages the receiver's push subscription takes. The mode runs the
+// subscription's key discovery and clean-up (discovery.go) while this process
+// holds its lease.
+type perKeyMode struct {
+	r      *receiver
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+var _ deliveryMode = (*perKeyMode)(nil)
+
+func (m *perKeyMode) start(ctx context.Context) error {
+	octx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	m.cancel = cancel
+	m.done.Go(func() { newDiscoverer(m.r).run(octx) })
+	return nil
+}
+
+func (m *perKeyMode) check(context.Context)    {}
+func (m *perKeyMode) eachHeld(func(*delivery)) {}
+
+func (m *perKeyMode) stop(time.Time) {
+	m.cancel()
+	m.done.Wait()
+}
+
+func (m *perKeyMode) end(time.Time) {}

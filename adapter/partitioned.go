@@ -1,0 +1,585 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// Partitioned delivery (DeliveryPartitioned): the design is in doc.go; the
+// gates and the fence, which decide when a message may start, are in
+// gates.go.
+
+// partitionGroup is the priority group every receiver pulls in.
+const partitionGroup = "jetorder"
+
+// minPinTTL is the shortest PinnedTTL of a partition consumer: an idle
+// owner renews its pin with a pull request every third of it, and nats.go
+// lets a pull request wait no less than a second.
+const minPinTTL = 3 * time.Second
+
+// pinHeader is the header the server adds to each message of a pinned
+// consumer; the adapter removes it before a handler sees the message.
+const pinHeader = "Nats-Pin-Id"
+
+func (r *subRecord) partitionIndexes() []int {
+	out := make([]int, r.Partitions)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// partitionConsumerConfig is partition i's pull consumer.
+func (r *subRecord) partitionConsumerConfig(pinTTL time.Duration, i int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        keyrouter.PartitionConsumer(r.Project, r.nameID(), i),
+		Description:    fmt.Sprintf("%s partition %d of %d", r.consumerDescription(), i, r.Partitions),
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    r.StartSeq,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        r.ackDeadline(),
+		MaxDeliver:     -1,
+		FilterSubject:  keyrouter.PartitionFilter(r.TopicProject, r.Topic, r.Partitions, i),
+		MaxAckPending:  r.PartitionBuffer,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{partitionGroup},
+		PinnedTTL:      pinTTL,
+	}
+}
+
+// partitionedMode delivers a partitioned subscription's keyed messages to
+// one Receive call: a pull consumer per partition, each partition with its
+// own lock and book, and one loop that confirms acks for all of them.
+type partitionedMode struct {
+	r     *receiver
+	parts []*partition // set by start, read-only after
+	ccs   []jetstream.ConsumeContext
+
+	confirmMu   sync.Mutex
+	confirmQ    []*delivery // acked, waiting for the server to have the ack
+	confirmWake chan struct{}
+
+	loops   sync.WaitGroup // confirmAcks, fence and pin checks
+	stopped chan struct{}  // closed by stop: loops end
+}
+
+var _ deliveryMode = (*partitionedMode)(nil)
+
+func newPartitionedMode(r *receiver) *partitionedMode {
+	return &partitionedMode{r: r, confirmWake: make(chan struct{}, 1), stopped: make(chan struct{})}
+}
+
+// partition is one partition of a partitioned subscription, as one Receive
+// call sees it.
+type partition struct {
+	m     *partitionedMode
+	r     *receiver
+	index int
+	limit int
+	cons  jetstream.Consumer
+	// stream is the topic's stream: unpin goes through it.
+	stream jetstream.Stream
+
+	mu sync.Mutex // guards everything below, and the partition fields of its deliveries
+	g  *gates
+	// checkingPin is set while checkPin asks the server who owns it.
+	checkingPin bool
+	// what report last added to the shared stats
+	owned    bool
+	full     bool
+	reported int
+}
+
+var _ holder = (*partition)(nil)
+
+// start opens the subscription's partition consumers and starts pulling
+// from each.
+func (m *partitionedMode) start(ctx context.Context) error {
+	r := m.r
+	stream, err := r.c.js.Stream(ctx, r.rec.stream())
+	if err != nil {
+		return err
+	}
+	for i := range r.rec.Partitions {
+		cons, err := stream.Consumer(ctx, keyrouter.PartitionConsumer(r.rec.Project, r.rec.nameID(), i))
+		if err != nil {
+			return fmt.Errorf("partition %d: %w", i, err)
+		}
+		p := &partition{m: m, r: r, index: i, limit: r.rec.PartitionBuffer, cons: cons, stream: stream, g: newGates()}
+		m.parts = append(m.parts, p)
+		// A pull request must reach the server well within the pin's TTL,
+		// or an idle owner loses its partition.
+		expiry := max(cons.CachedInfo().Config.PinnedTTL/3, time.Second)
+		cc, err := cons.Consume(p.onMsg,
+			jetstream.PullPriorityGroup(partitionGroup),
+			jetstream.PullExpiry(expiry),
+			jetstream.PullMaxMessages(min(r.rec.PartitionBuffer, 1000)),
+			jetstream.ConsumeErrHandler(p.onErr))
+		if err != nil {
+			return fmt.Errorf("partition %d: %w", i, err)
+		}
+		m.ccs = append(m.ccs, cc)
+	}
+	m.loops.Add(1)
+	go m.confirmAcks()
+	return nil
+}
+
+// check unblocks keys waiting for a message the stream no longer has.
+func (m *partitionedMode) check(ctx context.Context) {
+	for _, p := range m.parts {
+		p.checkAwaiting(ctx)
+	}
+}
+
+func (m *partitionedMode) eachHeld(f func(*delivery)) {
+	for _, p := range m.parts {
+		p.mu.Lock()
+		p.g.each(f)
+		p.mu.Unlock()
+	}
+}
+
+// stop marks every partition stopping, drains the consumers (what the
+// client buffered reaches onMsg, which hands it back) and ends the loops.
+func (m *partitionedMode) stop(deadline time.Time) {
+	for _, p := range m.parts {
+		p.mu.Lock()
+		p.g.stop()
+		p.mu.Unlock()
+	}
+	for _, cc := range m.ccs {
+		cc.Drain()
+	}
+	for _, cc := range m.ccs {
+		select {
+		case <-cc.Closed():
+		case <-time.After(time.Until(deadline)):
+		}
+	}
+	close(m.stopped)
+	m.loops.Wait()
+}
+
+// end confirms the acks handlers sent since stop, hands back what is still
+// held, and gives up the partitions this process owns, so another receiver
+// takes them over without waiting for the pin's TTL.
+func (m *partitionedMode) end(deadline time.Time) {
+	m.confirmRemaining(nil)
+	var left []*delivery
+	m.eachHeld(func(d *delivery) { left = append(left, d) })
+	for _, d := range left {
+		d.finish(ackNak)
+	}
+	for _, p := range m.parts {
+		p.mu.Lock()
+		pin := p.g.resign()
+		p.reportLocked()
+		p.mu.Unlock()
+		if pin == "" {
+			continue
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		if info, err := p.cons.Info(ctx); err == nil && pinnedIn(info) == pin {
+			_ = p.stream.UnpinConsumer(ctx, p.cons.CachedInfo().Name, partitionGroup)
+		}
+		cancel()
+	}
+}
+
+func (p *partition) onMsg(msg jetstream.Msg) {
+	r := p.r
+	meta, err := msg.Metadata()
+	if err != nil {
+		// Not a JetStream delivery: nothing to ack. (Should one be lost this
+		// way, the partition fences at the gap it leaves.)
+		r.c.cfg.logger.Warn("partition message without JetStream metadata dropped", "subscription", r.sub.id, "partition", p.index, "err", err)
+		return
+	}
+	h := msg.Headers()
+	pin := h.Get(pinHeader)
+	h.Del(pinHeader)
+	if len(h) == 0 {
+		h = nil
+	}
+	d := r.newDelivery(p, arrival{
+		subject:   msg.Subject(),
+		reply:     msg.Reply(),
+		header:    h,
+		data:      msg.Data(),
+		consumer:  meta.Consumer,
+		seq:       meta.Sequence.Stream,
+		attempt:   meta.NumDelivered,
+		published: meta.Timestamp,
+	})
+	d.dseq = meta.Sequence.Consumer
+
+	p.mu.Lock()
+	expected := p.g.lastDseq + 1
+	verdict, start, cause := p.g.arrive(d, pin)
+	switch cause {
+	case lostGap:
+		r.c.cfg.logger.Info("partition delivery gap: a delivery was lost on the way; fenced until it comes back", "subscription", r.sub.id, "partition", p.index,
+			"expected", expected, "got", d.dseq)
+		fallthrough
+	case newTerm:
+		p.m.loops.Add(1)
+		go p.fence(p.g.fences)
+	}
+	switch verdict {
+	case staleTerm:
+		p.checkPinLocked(pin)
+	case admitted:
+		p.reportLocked()
+	}
+	p.mu.Unlock()
+	switch verdict {
+	case handBack:
+		_ = r.c.nc.Publish(d.reply, handBackPayload)
+	case staleTerm:
+		_ = r.c.nc.Publish(d.reply, ackPayload[ackNak])
+	}
+	r.launch(start)
+}
+
+// onErr hears of pull requests the server refused because they carried a
+// pin id other than the current one. That may be an older pin of ours (a
+// request sent before the server pinned us anew), so the server is asked
+// who owns the partition now.
+func (p *partition) onErr(_ jetstream.ConsumeContext, err error) {
+	r := p.r
+	switch {
+	case errors.Is(err, jetstream.ErrPinIDMismatch):
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		// onErr and onMsg run on the same goroutine: the pin is the pin of
+		// the refused request, or a newer one that fences by itself.
+		p.checkPinLocked(p.g.pin)
+	case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrBadRequest):
+		// nats.go stops pulling for good after these.
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.g.stopping {
+			return
+		}
+		p.m.loops.Add(1)
+		go func() {
+			defer p.m.loops.Done()
+			r.failPartitionGone(p.index, err)
+		}()
+	default:
+		r.c.cfg.logger.Debug("partition pull", "subscription", r.sub.id, "partition", p.index, "err", err)
+	}
+}
+
+// failPartitionGone ends Receive when a partition consumer went away: gone
+// with its subscription or its topic, or a seek's settle removed it (the
+// old epoch's), most likely; it says which.
+func (r *receiver) failPartitionGone(index int, err error) {
+	ctx, cancel := r.c.withTimeout(context.Background())
+	defer cancel()
+	rec, lerr := r.sub.load(ctx)
+	if errors.Is(lerr, ErrSubscriptionNotFound) {
+		r.fail(lerr)
+		return
+	}
+	if lerr == nil && rec.Epoch != r.rec.Epoch && !rec.Settling {
+		r.supersede()
+		r.fail(errEpochChanged)
+		return
+	}
+	if terr := r.c.checkTopic(ctx, r.rec); errors.Is(terr, ErrTopicDeleted) {
+		r.fail(terr)
+		return
+	}
+	r.fail(fmt.Errorf("receive %s: partition %d: %w", r.sub, index, err))
+}
+
+// checkPinLocked asks the server, in the background, whether pin (a pin of
+// ours, or the lost pin) is still the partition's.
+func (p *partition) checkPinLocked(pin string) {
+	if pin == "" || p.checkingPin || p.g.stopping {
+		return
+	}
+	p.checkingPin = true
+	p.m.loops.Add(1)
+	go p.checkPin(pin)
+}
+
+// checkPin settles whether pin is the partition's pin at the server,
+// asking until it gets an answer (gates.pinAnswer applies it).
+func (p *partition) checkPin(pin string) {
+	r := p.r
+	defer p.m.loops.Done()
+	backoff := 100 * time.Millisecond
+	var info *jetstream.ConsumerInfo
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 2*time.Second))
+		var err error
+		info, err = p.cons.Info(ctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-time.After(backoff):
+			backoff = min(2*backoff, 2*time.Second)
+		case <-p.m.stopped:
+			p.mu.Lock()
+			p.checkingPin = false
+			p.mu.Unlock()
+			return
+		}
+	}
+	p.mu.Lock()
+	p.checkingPin = false
+	lost, back := p.g.pinAnswer(pin, pinnedIn(info))
+	if lost {
+		p.reportLocked()
+	}
+	p.mu.Unlock()
+	if !lost {
+		return
+	}
+	// What no handler has started goes back, to the new owner; it starts
+	// none of it before the messages in our handlers are settled.
+	r.c.cfg.logger.Info("lost partition to another receiver", "subscription", r.sub.id, "partition", p.index)
+	for _, d := range back {
+		_ = r.c.nc.Publish(d.reply, ackPayload[ackNak])
+	}
+}
+
+// pinnedIn is the pin id the server gives the partition's group.
+func pinnedIn(info *jetstream.ConsumerInfo) string {
+	for _, g := range info.PriorityGroups {
+		if g.Group == partitionGroup {
+			return g.PinnedClientID
+		}
+	}
+	return ""
+}
+
+// fence waits until the consumer's unacked messages are all held here,
+// then lets handlers start (gates.lift).
+func (p *partition) fence(n int) {
+	r := p.r
+	defer p.m.loops.Done()
+	began := time.Now()
+	polls := 0
+	// Soon at first: a clean take-over (the first term, or an owner that
+	// handed everything back) clears as soon as the pulled batch is in.
+	wait := 2 * time.Millisecond
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		// Short: while a cluster elects the consumer's leader, a request
+		// can go unanswered; the next one finds the new leader.
+		ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, time.Second))
+		info, err := p.cons.Info(ctx)
+		var a consumerAnswer
+		if err == nil {
+			a = consumerAnswer{unacked: info.NumAckPending, delivered: info.Delivered.Consumer}
+			p.mu.Lock()
+			needsFirst := p.g.needsFirst(a)
+			p.mu.Unlock()
+			if needsFirst {
+				a.first, err = r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: info.AckFloor.Stream + 1, NextBySubj: info.Config.FilterSubject})
+			}
+		}
+		cancel()
+		p.mu.Lock()
+		if p.g.fences != n || p.g.stopping {
+			p.mu.Unlock()
+			return
+		}
+		if err == nil {
+			if lifted, start := p.g.lift(n, a); lifted {
+				p.reportLocked()
+				p.mu.Unlock()
+				r.launch(start)
+				if waited := time.Since(began); waited > time.Second {
+					r.c.cfg.logger.Info("took over partition after the previous owner's messages were settled",
+						"subscription", r.sub.id, "partition", p.index, "waited", waited.Round(time.Millisecond))
+				}
+				return
+			}
+		}
+		if polls++; polls%40 == 0 {
+			r.c.cfg.logger.Debug("partition waits for the previous owner's messages", "subscription", r.sub.id, "partition", p.index,
+				"server_unacked", a.unacked, "held", len(p.g.held), "waited", time.Since(began), "err", err)
+		}
+		p.mu.Unlock()
+		select {
+		case <-t.C:
+		case <-p.m.stopped:
+			return
+		}
+		// A fence that waits for an ack deadline (a dead owner's messages,
+		// a delivery lost on the way) polls less often.
+		most := 50 * time.Millisecond
+		if time.Since(began) > time.Second {
+			most = 250 * time.Millisecond
+		}
+		wait = min(2*wait, most)
+		t.Reset(wait)
+	}
+}
+
+// checkAwaiting unblocks keys waiting for a message the stream no longer
+// has (removed by the topic's retention): it will never come back.
+func (p *partition) checkAwaiting(ctx context.Context) {
+	r := p.r
+	p.mu.Lock()
+	due := p.g.overdue(time.Now(), 2*r.rec.ackDeadline())
+	for _, w := range due {
+		r.c.cfg.logger.Debug("key waits for a message to come back", "subscription", r.sub.id, "partition", p.index,
+			"subject", w.subject, "seq", w.seq, "for", time.Since(w.since), "held", len(p.g.held))
+	}
+	p.mu.Unlock()
+	for _, w := range due {
+		_, err := r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: w.seq})
+		p.mu.Lock()
+		moved, start := p.g.goneAnswer(w, errors.Is(err, jetstream.ErrMsgNotFound))
+		p.mu.Unlock()
+		if moved {
+			r.c.cfg.logger.Warn("key no longer waits for a message the stream does not have", "subscription", r.sub.id, "partition", p.index,
+				"subject", w.subject, "seq", w.seq)
+		}
+		r.launch(start)
+	}
+}
+
+// The partition holds its deliveries (holder).
+
+func (p *partition) current(d *delivery) *delivery {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.g.current(d)
+}
+
+func (p *partition) release(d *delivery, settled bool) {
+	p.mu.Lock()
+	start := p.g.release(d, settled, time.Now())
+	p.reportLocked()
+	p.mu.Unlock()
+	p.r.launch(start)
+}
+
+func (p *partition) confirmsAcks() bool { return true }
+
+func (p *partition) ackSending(d *delivery) {
+	p.mu.Lock()
+	p.g.markAckSent(d)
+	p.mu.Unlock()
+}
+
+func (p *partition) confirmLater(d *delivery) {
+	m := p.m
+	m.confirmMu.Lock()
+	m.confirmQ = append(m.confirmQ, d)
+	m.confirmMu.Unlock()
+	select {
+	case m.confirmWake <- struct{}{}:
+	default:
+	}
+}
+
+// confirmAcks confirms acks in groups: one flush (a PING the server answers
+// after everything sent before it) for all the acks sent meanwhile. Acks
+// that cannot be confirmed (the connection is down) are sent again until
+// they are: their keys wait, as the server may or may not have them.
+func (m *partitionedMode) confirmAcks() {
+	defer m.loops.Done()
+	r := m.r
+	var batch, unconfirmed []*delivery
+	failing := false // warned about this run of failures
+	retry := time.NewTimer(0)
+	<-retry.C
+	for {
+		select {
+		case <-m.confirmWake:
+		case <-retry.C:
+			for _, d := range unconfirmed {
+				_ = r.c.nc.Publish(d.reply, ackPayload[d.acked])
+			}
+		case <-m.stopped:
+			m.confirmRemaining(unconfirmed)
+			return
+		}
+		m.confirmMu.Lock()
+		batch, m.confirmQ = m.confirmQ, batch[:0]
+		m.confirmMu.Unlock()
+		batch = append(batch, unconfirmed...)
+		unconfirmed = unconfirmed[:0]
+		if err := r.c.nc.FlushTimeout(r.c.cfg.apiTimeout); err != nil {
+			if !failing {
+				failing = true
+				r.c.cfg.logger.Warn("acks not confirmed; sending them again until they are, their keys wait", "subscription", r.sub.id, "messages", len(batch), "err", err)
+			}
+			unconfirmed = append(unconfirmed, batch...)
+			clear(batch)
+			retry.Reset(250 * time.Millisecond)
+			continue
+		}
+		failing = false
+		for i, d := range batch {
+			d.home.release(d, true)
+			batch[i] = nil
+		}
+	}
+}
+
+// confirmRemaining is the last round of confirmAcks, once Receive is
+// stopping, so the books (and what the hooks were told) end square.
+func (m *partitionedMode) confirmRemaining(unconfirmed []*delivery) {
+	m.confirmMu.Lock()
+	batch := append(m.confirmQ, unconfirmed...)
+	m.confirmQ = nil
+	m.confirmMu.Unlock()
+	if len(batch) == 0 {
+		return
+	}
+	err := m.r.c.nc.FlushTimeout(m.r.c.cfg.apiTimeout)
+	for _, d := range batch {
+		d.home.release(d, err == nil)
+	}
+}
+
+// reportLocked tells the hooks what changed in p since it last did.
+func (p *partition) reportLocked() {
+	h := p.r.settings.Hooks
+	if h == nil {
+		return
+	}
+	owned := p.g.pin != ""
+	full := owned && len(p.g.held) >= p.limit
+	var c PartitionChange
+	c.Owned = flagDelta(&p.owned, owned)
+	c.Full = flagDelta(&p.full, full)
+	c.Buffered = len(p.g.held) - p.reported
+	p.reported = len(p.g.held)
+	if c != (PartitionChange{}) {
+		h.PartitionChanged(p.r.sub, c)
+	}
+}
+
+// flagDelta is +1 when a property a partition did not have (*had) it has
+// now, -1 when it lost it, else 0; *had becomes now.
+func flagDelta(had *bool, now bool) int {
+	d := 0
+	switch {
+	case now && !*had:
+		d = 1
+	case !now && *had:
+		d = -1
+	}
+	*had = now
+	return d
+}
