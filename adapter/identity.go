@@ -9,22 +9,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 
+	"github.com/jetorder/jetorder/internal/rsb"
 	"github.com/jetorder/jetorder/keyrouter"
 )
-
-// MessageID is the RSB event id of the message with sequence number seq
-// from the publisher sender: UUID v5 with sender as namespace and the
-// 8-digit lower-case hex of seq as name. The id doubles as Nats-Msg-Id, so a
-// retried publish is stored once.
-func MessageID(sender uuid.UUID, seq uint32) string {
-	const digits = "0123456789abcdef"
-	var name [8]byte
-	for i := 7; i >= 0; i-- {
-		name[i] = digits[seq&0xf]
-		seq >>= 4
-	}
-	return uuid.NewSHA1(sender, name[:]).String()
-}
 
 // sequencer hands out a publisher's 32-bit sequence numbers: 0, 1, ...,
 // 4294967295, then 0 again. Its owner serialises take, so sequence numbers
@@ -116,7 +103,7 @@ func validateMetadata(msg *Message) error {
 // writeIdentity stamps a message with its publisher's id and sequence
 // number and returns its message id, which is also its Nats-Msg-Id.
 func writeIdentity(h nats.Header, sender uuid.UUID, seq uint32) string {
-	id := MessageID(sender, seq)
+	id := rsb.MessageID(sender, seq)
 	h[headerSenderID] = []string{sender.String()}
 	h[headerSequence] = []string{strconv.FormatUint(uint64(seq), 10)}
 	h[headerNatsMsgID] = []string{id}

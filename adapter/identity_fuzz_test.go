@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 
+	"github.com/jetorder/jetorder/internal/rsb"
 	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -41,7 +42,7 @@ func FuzzReadMetadata(f *testing.F) {
 			UserInfos:   map[string]string{userKey: userInfo},
 		}
 		for i := range int(causes % 4) {
-			in.Causes = append(in.Causes, uuid.MustParse(MessageID(senderID, uint32(i))))
+			in.Causes = append(in.Causes, uuid.MustParse(rsb.MessageID(senderID, uint32(i))))
 		}
 		if !publishable(in) {
 			return

@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
+
+	"github.com/jetorder/jetorder/internal/rsb"
 )
 
 // The two test vectors of the RSB event model (seeds/004).
@@ -19,7 +21,7 @@ func TestMessageIDTestVectors(t *testing.T) {
 		{"BF948D47-618F-4B04-AAC5-0AB5A1A79267", 378, "BD27BE7D-87DE-5336-BECA-44FC60DE46A0"},
 	}
 	for _, tt := range tests {
-		got := MessageID(uuid.MustParse(tt.sender), tt.seq)
+		got := rsb.MessageID(uuid.MustParse(tt.sender), tt.seq)
 		if got != uuid.MustParse(tt.want).String() {
 			t.Errorf("MessageID(%s, %d) = %s, want %s", tt.sender, tt.seq, got, tt.want)
 		}
@@ -55,7 +57,7 @@ func TestMetadataRoundTrip(t *testing.T) {
 	writeMetadata(h, in, created)
 	id := writeIdentity(h, sender, 4294967295)
 	writeSendTime(h, formatTime(sent))
-	if id != MessageID(sender, 4294967295) || h.Get("Nats-Msg-Id") != id {
+	if id != rsb.MessageID(sender, 4294967295) || h.Get("Nats-Msg-Id") != id {
 		t.Fatalf("identity: id %s, Nats-Msg-Id %s", id, h.Get("Nats-Msg-Id"))
 	}
 	if got := h.Get(headerCreateTime); got != "2026-11-21T09:00:00.123456Z" {

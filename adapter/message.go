@@ -123,17 +123,6 @@ func (m *Message) Release() {
 	}
 }
 
-// Superseded is closed when the subscription was sought after this message
-// was delivered: a layer above that has not yet passed the message on
-// should hand it back (Release) instead. Nil for a message not delivered
-// by Receive.
-func (m *Message) Superseded() <-chan struct{} {
-	if m.d == nil {
-		return nil
-	}
-	return m.d.r.superseded
-}
-
 // PubSubAttributes returns the message's attributes as a Pub/Sub client
 // of the sidecar sees them, and as subscription filters match them: the
 // Attributes, plus every other header of the stored message that is not

@@ -858,13 +858,8 @@ func (s *Subscription) Delete(ctx context.Context) error {
 	return nil
 }
 
-// State returns the KV bucket where layers above the adapter keep state of
-// their own for this subscription (didcomm keeps its gap tracking there),
-// and the key prefix that belongs to it. Keys under prefix+"." are the
-// caller's; Delete removes them with the subscription. The prefix names
-// this incarnation of the subscription, so a subscription deleted and
-// created again with the same id starts with no state.
-func (s *Subscription) State(ctx context.Context) (kv jetstream.KeyValue, prefix string, err error) {
+// state is adapterx.State.
+func (s *Subscription) state(ctx context.Context) (kv jetstream.KeyValue, prefix string, err error) {
 	ctx, cancel := s.c.withTimeout(ctx)
 	defer cancel()
 	rec, err := s.load(ctx)

@@ -398,13 +398,6 @@ func (t *Topic) Publish(ctx context.Context, msg *Message) *PublishResult {
 	return t.publisher().add(ctx, msg.OrderingKey, m)
 }
 
-// Refuse fails a message that a layer above the topic could not encode
-// (an invalid CloudEvent, say) exactly as Publish fails one it refuses: the
-// result holds err, and a message with an ordering key pauses that key.
-func (t *Topic) Refuse(orderingKey string, err error) *PublishResult {
-	return t.publisher().refuse(orderingKey, err)
-}
-
 // Flush sends every queued message now and waits until each is stored or
 // has failed.
 func (t *Topic) Flush() { t.publisher().flush() }
@@ -426,14 +419,6 @@ func (t *Topic) publishError(err error) error {
 		return fmt.Errorf("publish to %s: %w", t, ErrTopicNotFound)
 	}
 	return fmt.Errorf("publish to %s: %w", t, err)
-}
-
-// Validate checks msg as Publish does before queueing it, without
-// publishing: layers that take several messages in one request check them
-// all first, so that a request with one bad message stores none.
-func (t *Topic) Validate(msg *Message) error {
-	_, err := t.encode(msg)
-	return err
 }
 
 // validate checks msg and returns its subject.

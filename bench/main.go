@@ -43,6 +43,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/embedded"
+	"github.com/jetorder/jetorder/internal/rsb"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -409,7 +410,7 @@ func (b *bench) publish(keys, msgs int) (raw, rawHeaders, ad float64) {
 		b.fill(func(i int) string { return keyrouter.KeyedSubject(project, topicID, keyNames[i%keys]) },
 			func(i int) nats.Header {
 				now := time.Now().UTC().Format("2006-01-02T15:04:05.000000Z")
-				return nats.Header{"Jetorder-Ordering-Key": {keyNames[i%keys]}, "Nats-Msg-Id": {adapter.MessageID(sender, uint32(i))},
+				return nats.Header{"Jetorder-Ordering-Key": {keyNames[i%keys]}, "Nats-Msg-Id": {rsb.MessageID(sender, uint32(i))},
 					"Jetorder-Sender-Id": {sender.String()}, "Jetorder-Sequence": {strconv.Itoa(i)},
 					"Jetorder-Create-Time": {now}, "Jetorder-Send-Time": {now}}
 			}, msgs)

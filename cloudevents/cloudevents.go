@@ -34,6 +34,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/adapterx"
 )
 
 // Mode is how an event is laid out in a message.
@@ -288,7 +289,7 @@ func Publish(ctx context.Context, t *adapter.Topic, e event.Event, opts ...Publi
 	key := orderingKey(e, cfg)
 	m, err := Encode(e, cfg.mode)
 	if err != nil {
-		return t.Refuse(key, err) // a keyed event pauses its key
+		return adapterx.Refuse(t, key, err) // a keyed event pauses its key
 	}
 	m.OrderingKey = key
 	return t.Publish(ctx, m)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
+	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
@@ -403,7 +404,7 @@ func TestDIDCommTrackerBelongsToOneIncarnation(t *testing.T) {
 func requireNoState(t *testing.T, sub *adapter.Subscription) {
 	t.Helper()
 	ctx := context.Background()
-	kv, prefix, err := sub.State(ctx)
+	kv, prefix, err := adapterx.State(ctx, sub)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/rsb"
 )
 
 // A publisher started near 2^32 wraps its sequence numbers to 0, every id is
@@ -37,7 +38,7 @@ func TestRSBIdentityAndMetadata(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := adapter.MessageID(sender, wantSeqs[i]); id != want {
+		if want := rsb.MessageID(sender, wantSeqs[i]); id != want {
 			t.Fatalf("message %d: id %s, want %s", i, id, want)
 		}
 		ids = append(ids, id)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/internal/metrics"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -132,7 +133,7 @@ func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*ada
 		}
 	}()
 	for i, m := range msgs {
-		if err := t.Validate(m); err != nil {
+		if err := adapterx.Validate(t, m); err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
+	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -184,7 +185,7 @@ func stampGroups(t *adapter.Topic, msgs []*adapter.Message) ([]*stampGroup, erro
 		if err := it.apply(&trial, math.MaxUint64); err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w: cannot stamp sender_order: %w", i, adapter.ErrInvalidMessage, err)
 		}
-		if err := t.Validate(&trial); err != nil {
+		if err := adapterx.Validate(t, &trial); err != nil {
 			return nil, fmt.Errorf("messages[%d]: once stamped: %w", i, err)
 		}
 		k := [2]string{it.h.ThreadID(), it.h.From}

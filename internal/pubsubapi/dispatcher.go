@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/internal/broker"
 )
 
@@ -317,7 +318,7 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 		case <-ctx.Done():
 			m.Release()
 			return
-		case <-m.Superseded():
+		case <-adapterx.Superseded(m):
 			// Sought before any client took it: the adapter acks it, and the
 			// new epoch delivers it again if the seek says so.
 			m.Release()
