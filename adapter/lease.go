@@ -10,7 +10,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-var errLeaseLost = errors.New("ownership lease lost")
+var errLeaseLost = errors.New("discovery lease lost")
+
+// leaseStore is what a lease needs of its KV bucket (jetstream.KeyValue).
+type leaseStore interface {
+	Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error)
+	Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error)
+	Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error
+}
+
+var _ leaseStore = (jetstream.KeyValue)(nil)
 
 // lease is one key of the lease bucket, held by one Receive call at a time.
 // The bucket's TTL removes it unless it is renewed, so a dead holder loses
@@ -19,10 +28,11 @@ var errLeaseLost = errors.New("ownership lease lost")
 // ends by then, so by the time the server lets another holder in, every
 // request of the old one has completed or timed out.
 type lease struct {
-	kv      jetstream.KeyValue
+	kv      leaseStore
 	key, id string
 	ttl     time.Duration
 	timeout time.Duration
+	now     func() time.Time // time.Now; tests step it
 
 	mu    sync.Mutex
 	rev   uint64
@@ -31,7 +41,7 @@ type lease struct {
 
 // acquire takes the lease if nobody holds it.
 func (l *lease) acquire(ctx context.Context) (bool, error) {
-	start := time.Now()
+	start := l.now()
 	rev, err := l.kv.Create(ctx, l.key, []byte(l.id))
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return false, nil
@@ -56,23 +66,32 @@ func (l *lease) keep(ctx context.Context, lost func(error)) {
 			return
 		case <-t.C:
 		}
-		l.mu.Lock()
-		rev := l.rev
-		l.mu.Unlock()
-		start := time.Now()
-		cctx, cancel := context.WithTimeout(ctx, l.ttl/4)
-		newRev, err := l.kv.Update(cctx, l.key, []byte(l.id), rev)
-		cancel()
-		if err != nil {
+		if err := l.renew(ctx); err != nil {
 			if ctx.Err() == nil {
-				lost(fmt.Errorf("%w: %v", errLeaseLost, err))
+				lost(err)
 			}
 			return
 		}
-		l.mu.Lock()
-		l.rev, l.until = newRev, start.Add(l.ttl/2)
-		l.mu.Unlock()
 	}
+}
+
+// renew renews the lease once, if nobody else has written it since: the
+// lease is valid until half a TTL after the renewal was sent.
+func (l *lease) renew(ctx context.Context) error {
+	l.mu.Lock()
+	rev := l.rev
+	l.mu.Unlock()
+	start := l.now()
+	cctx, cancel := context.WithTimeout(ctx, l.ttl/4)
+	newRev, err := l.kv.Update(cctx, l.key, []byte(l.id), rev)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("%w: %v", errLeaseLost, err)
+	}
+	l.mu.Lock()
+	l.rev, l.until = newRev, start.Add(l.ttl/2)
+	l.mu.Unlock()
+	return nil
 }
 
 // opContext bounds one action by the lease: it fails with errLeaseLost when
@@ -81,10 +100,11 @@ func (l *lease) opContext(ctx context.Context) (context.Context, context.CancelF
 	l.mu.Lock()
 	until := l.until
 	l.mu.Unlock()
-	if !time.Now().Before(until) {
+	now := l.now()
+	if !now.Before(until) {
 		return nil, nil, errLeaseLost
 	}
-	deadline := time.Now().Add(l.timeout)
+	deadline := now.Add(l.timeout)
 	if until.Before(deadline) {
 		deadline = until
 	}
@@ -96,7 +116,7 @@ func (l *lease) opContext(ctx context.Context) (context.Context, context.CancelF
 func (l *lease) valid() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return time.Now().Before(l.until)
+	return l.now().Before(l.until)
 }
 
 // release gives the lease up at once, so another process need not wait for

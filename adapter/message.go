@@ -15,7 +15,13 @@ import (
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
-// Message is a message to publish or one delivered by Receive.
+// Message is one Pub/Sub message, an RSB event, as the application sees
+// it: the value it fills in (Data, Attributes, OrderingKey, Header,
+// CreateTime and the RSB user fields) and passes to Topic.Publish, and the
+// value Receive hands its handler, with the fields marked "delivery only"
+// read back from the stored message and its delivery. A delivered Message
+// is also the handle to settle that delivery: exactly one of Ack,
+// AckWithResult, Nack or Release counts; it is safe for concurrent use.
 type Message struct {
 	// ID is set by Publish (its result) and on delivery.
 	ID string

@@ -1,0 +1,207 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The discovery lease, driven with a stepped clock and a store whose
+// answers the test chooses.
+
+// fakeLeaseStore is one KV key with revisions, as JetStream's KV answers
+// Create (fails if the key exists), Update (fails unless the revision is
+// the latest) and Delete.
+type fakeLeaseStore struct {
+	value   string
+	rev     uint64
+	exists  bool
+	fail    error // every call fails with it, if set
+	deletes int
+}
+
+func (f *fakeLeaseStore) Create(_ context.Context, _ string, v []byte, _ ...jetstream.KVCreateOpt) (uint64, error) {
+	if f.fail != nil {
+		return 0, f.fail
+	}
+	if f.exists {
+		return 0, jetstream.ErrKeyExists
+	}
+	f.rev++
+	f.value, f.exists = string(v), true
+	return f.rev, nil
+}
+
+func (f *fakeLeaseStore) Update(_ context.Context, _ string, v []byte, rev uint64) (uint64, error) {
+	if f.fail != nil {
+		return 0, f.fail
+	}
+	if !f.exists || rev != f.rev {
+		return 0, errors.New("wrong last sequence")
+	}
+	f.rev++
+	f.value = string(v)
+	return f.rev, nil
+}
+
+func (f *fakeLeaseStore) Delete(context.Context, string, ...jetstream.KVDeleteOpt) error {
+	f.deletes++
+	f.exists = false
+	return f.fail
+}
+
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time       { return c.t }
+func (c *fakeClock) step(d time.Duration) { c.t = c.t.Add(d) }
+func newFakeClock() *fakeClock            { return &fakeClock{t: t0} }
+func testLease(kv leaseStore, c *fakeClock) *lease {
+	return &lease{kv: kv, key: "k", id: "me", ttl: 8 * time.Second, timeout: 10 * time.Second, now: c.now}
+}
+
+func TestLeaseAcquire(t *testing.T) {
+	storeDown := errors.New("store down")
+	tests := []struct {
+		name      string
+		store     *fakeLeaseStore
+		want      bool
+		wantErr   error
+		wantValid bool
+	}{
+		{"free", &fakeLeaseStore{}, true, nil, true},
+		{"held by another", &fakeLeaseStore{exists: true, rev: 3, value: "other"}, false, nil, false},
+		{"store fails", &fakeLeaseStore{fail: storeDown}, false, storeDown, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newFakeClock()
+			l := testLease(tt.store, c)
+			got, err := l.acquire(context.Background())
+			if got != tt.want || !errors.Is(err, tt.wantErr) {
+				t.Fatalf("acquire = %v, %v; want %v, %v", got, err, tt.want, tt.wantErr)
+			}
+			if l.valid() != tt.wantValid {
+				t.Fatalf("valid = %v, want %v", l.valid(), tt.wantValid)
+			}
+		})
+	}
+}
+
+func TestLeaseValidForHalfATTL(t *testing.T) {
+	// The holder acts for half a TTL after its last renewal was sent, so
+	// every action of a holder that stopped renewing has ended before the
+	// bucket's TTL lets another in.
+	c := newFakeClock()
+	l := testLease(&fakeLeaseStore{}, c)
+	if ok, err := l.acquire(context.Background()); !ok || err != nil {
+		t.Fatalf("acquire = %v, %v", ok, err)
+	}
+	c.step(4*time.Second - time.Nanosecond)
+	if !l.valid() {
+		t.Fatal("invalid before half a TTL")
+	}
+	c.step(time.Nanosecond)
+	if l.valid() {
+		t.Fatal("still valid at half a TTL")
+	}
+	if _, _, err := l.opContext(context.Background()); !errors.Is(err, errLeaseLost) {
+		t.Fatalf("opContext after expiry: %v, want errLeaseLost", err)
+	}
+}
+
+func TestLeaseRenew(t *testing.T) {
+	t.Run("extends from the renewal", func(t *testing.T) {
+		c := newFakeClock()
+		kv := &fakeLeaseStore{}
+		l := testLease(kv, c)
+		l.acquire(context.Background())
+		c.step(3 * time.Second)
+		if err := l.renew(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		c.step(4*time.Second - time.Nanosecond)
+		if !l.valid() {
+			t.Fatal("renewal did not extend the lease to half a TTL after it")
+		}
+		c.step(time.Nanosecond)
+		if l.valid() {
+			t.Fatal("renewal extended the lease past half a TTL after it")
+		}
+	})
+	t.Run("another writer takes it", func(t *testing.T) {
+		c := newFakeClock()
+		kv := &fakeLeaseStore{}
+		l := testLease(kv, c)
+		l.acquire(context.Background())
+		kv.rev++ // someone else wrote the key (it expired and was taken)
+		c.step(3 * time.Second)
+		if err := l.renew(context.Background()); !errors.Is(err, errLeaseLost) {
+			t.Fatalf("renew over another's write: %v, want errLeaseLost", err)
+		}
+		c.step(time.Second) // half a TTL after the acquire
+		if l.valid() {
+			t.Fatal("a failed renewal extended the lease")
+		}
+	})
+	t.Run("renewals chain revisions", func(t *testing.T) {
+		c := newFakeClock()
+		kv := &fakeLeaseStore{}
+		l := testLease(kv, c)
+		l.acquire(context.Background())
+		for i := range 3 {
+			c.step(2 * time.Second)
+			if err := l.renew(context.Background()); err != nil {
+				t.Fatalf("renewal %d: %v", i, err)
+			}
+		}
+	})
+}
+
+func TestLeaseOpContextEndsWithTheLease(t *testing.T) {
+	tests := []struct {
+		name    string
+		timeout time.Duration
+		elapsed time.Duration
+		want    time.Duration // deadline after t0
+	}{
+		{"the lease ends first", 10 * time.Second, 0, 4 * time.Second},
+		{"the lease ends first, later", 10 * time.Second, 3 * time.Second, 4 * time.Second},
+		{"the timeout ends first", time.Second, 2 * time.Second, 3 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newFakeClock()
+			l := testLease(&fakeLeaseStore{}, c)
+			l.timeout = tt.timeout
+			l.acquire(context.Background())
+			c.step(tt.elapsed)
+			ctx, cancel, err := l.opContext(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cancel()
+			if d, _ := ctx.Deadline(); !d.Equal(t0.Add(tt.want)) {
+				t.Fatalf("deadline %v after t0, want %v", d.Sub(t0), tt.want)
+			}
+		})
+	}
+}
+
+func TestLeaseRelease(t *testing.T) {
+	c := newFakeClock()
+	kv := &fakeLeaseStore{}
+	l := testLease(kv, c)
+	l.acquire(context.Background())
+	l.release()
+	if l.valid() || kv.deletes != 1 || kv.exists {
+		t.Fatalf("after release: valid %v, deletes %d, key exists %v", l.valid(), kv.deletes, kv.exists)
+	}
+	// Another process takes it at once, without waiting for the TTL.
+	other := testLease(kv, c)
+	if ok, _ := other.acquire(context.Background()); !ok {
+		t.Fatal("released lease not free")
+	}
+}
