@@ -229,7 +229,7 @@ func (c *Client) registry(ctx context.Context) (subs, leases jetstream.KeyValue,
 	if c.leases == nil {
 		kv, err := c.openBucket(ctx, jetstream.KeyValueConfig{
 			Bucket:      leasesBucket,
-			Description: "jetorder key-discovery ownership leases",
+			Description: "jetorder key-discovery leases",
 			Storage:     jetstream.FileStorage,
 			Replicas:    c.cfg.replicas,
 			TTL:         c.cfg.leaseTTL,

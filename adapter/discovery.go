@@ -99,7 +99,7 @@ func (o *discoverer) run(ctx context.Context) {
 		return
 	}
 	o.subsKV = subsKV
-	o.lease = &lease{kv: leases, key: o.r.sub.kvKey(), id: uuid.NewString(), ttl: ttl, timeout: o.c.cfg.apiTimeout, now: time.Now}
+	o.lease = newLease(leases, o.r.sub.kvKey(), uuid.NewString(), ttl, o.c.cfg.apiTimeout)
 	for ctx.Err() == nil && !o.r.isSuperseded() {
 		cctx, cancel := context.WithTimeout(ctx, ttl/4)
 		ok, err := o.lease.acquire(cctx)

@@ -14,8 +14,8 @@ import (
 )
 
 // sequencer hands out a publisher's 32-bit sequence numbers: 0, 1, ...,
-// 4294967295, then 0 again. Its owner serialises take, so sequence numbers
-// follow the owner's queue order.
+// 4294967295, then 0 again. The publisher serialises take, so sequence
+// numbers follow its queue order.
 type sequencer struct {
 	sender uuid.UUID
 	next   uint32

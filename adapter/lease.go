@@ -39,6 +39,10 @@ type lease struct {
 	until time.Time
 }
 
+func newLease(kv leaseStore, key, id string, ttl, timeout time.Duration) *lease {
+	return &lease{kv: kv, key: key, id: id, ttl: ttl, timeout: timeout, now: time.Now}
+}
+
 // acquire takes the lease if nobody holds it.
 func (l *lease) acquire(ctx context.Context) (bool, error) {
 	start := l.now()

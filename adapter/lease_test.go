@@ -59,7 +59,9 @@ func (c *fakeClock) now() time.Time       { return c.t }
 func (c *fakeClock) step(d time.Duration) { c.t = c.t.Add(d) }
 func newFakeClock() *fakeClock            { return &fakeClock{t: t0} }
 func testLease(kv leaseStore, c *fakeClock) *lease {
-	return &lease{kv: kv, key: "k", id: "me", ttl: 8 * time.Second, timeout: 10 * time.Second, now: c.now}
+	l := newLease(kv, "k", "me", 8*time.Second, 10*time.Second)
+	l.now = c.now
+	return l
 }
 
 func TestLeaseAcquire(t *testing.T) {

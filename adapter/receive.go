@@ -290,8 +290,8 @@ func (r *receiver) startMode(ctx context.Context) error {
 //  5. The mode settles what it holds (acks confirmed, the rest handed
 //     back) and gives up what it owned; the receiver hands back what
 //     handlers left unacked.
-//  6. Remove consumers an owner may have created after the subscription
-//     was deleted.
+//  6. Remove key consumers the discoverer may have created after the
+//     subscription was deleted.
 func (r *receiver) shutdown(sub *nats.Subscription, stopBackground, cancelHandlers, stopExtending func()) {
 	deadline := time.Now().Add(r.c.cfg.apiTimeout)
 

@@ -302,7 +302,7 @@ func (s *Subscription) settle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l := &lease{kv: leases, key: s.kvKey(), id: "seek-" + uuid.NewString(), ttl: ttl, timeout: s.c.cfg.apiTimeout}
+	l := newLease(leases, s.kvKey(), "seek-"+uuid.NewString(), ttl, s.c.cfg.apiTimeout)
 	ok, err := l.acquire(ctx)
 	if err != nil || !ok {
 		return err
