@@ -250,11 +250,12 @@ func (c *Client) Project() string { return c.project }
 //
 // Calling Close again is harmless: it waits the same way for what is still
 // running, and returns nil once nothing is. Called from inside a Receive
-// handler (the handler's own goroutine), Close does not wait for Receive
-// calls, since the handler's Receive cannot return before the handler
-// does; it still waits for the topics. Receive then returns once the
-// handler has returned. The caller owns the NATS connection: Close does
-// not close it.
+// handler (on the handler's own goroutine; a handler of any client
+// counts), Close does not wait for Receive calls, since the handler's
+// Receive cannot return before the handler does; it still waits for the
+// topics. Receive then returns once the handler has returned. A handler
+// that waits for another goroutine's Close deadlocks until the close
+// timeout. The caller owns the NATS connection: Close does not close it.
 func (c *Client) Close() error {
 	waitReceives := !inHandler()
 	c.mu.Lock()
