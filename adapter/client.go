@@ -5,8 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"reflect"
+	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -36,6 +42,23 @@ type Client struct {
 	leaseTTL time.Duration // the lease bucket's TTL, which its creator chose
 	closed   bool
 
+	// closing is cancelled, with cause ErrClosed, by the first Close: the
+	// context of every Receive call is cancelled with it.
+	closing  context.Context
+	closeNow context.CancelCauseFunc
+	// receives counts the Receive calls in progress, by subscription name;
+	// receivesEnded is closed once the client is closed and none is left.
+	receives      map[string]int
+	receivesEnded chan struct{}
+	// topics are the handles with a publisher, which Close flushes and
+	// stops. They are held weakly: a handle the application dropped has
+	// nothing left to send, and is forgotten when it is collected.
+	topics map[weak.Pointer[Topic]]struct{}
+	// stopping are the handles whose Stop, started by Close, has not
+	// returned; topicsStopped is closed once none is left.
+	stopping      map[*Topic]struct{}
+	topicsStopped chan struct{}
+
 	// publishWindow bounds the client's messages awaiting a server ack.
 	// Publishers take a whole batch's share before sending it, so the
 	// asynchronous publisher below never stalls on its own pending limit
@@ -53,6 +76,7 @@ type clientConfig struct {
 	idleTimeout  time.Duration
 	apiTimeout   time.Duration
 	ackTimeout   time.Duration
+	closeTimeout time.Duration
 	createWorker int
 }
 
@@ -122,6 +146,23 @@ func WithPublishAckTimeout(d time.Duration) Option {
 	}
 }
 
+// DefaultCloseTimeout is how long Close waits, unless WithCloseTimeout
+// says otherwise.
+const DefaultCloseTimeout = 30 * time.Second
+
+// WithCloseTimeout sets how long Close waits for the client's Receive calls
+// and topic publishers to finish before it returns ErrCloseTimeout.
+// Default DefaultCloseTimeout.
+func WithCloseTimeout(d time.Duration) Option {
+	return func(c *clientConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: close timeout %v not positive", ErrInvalidConfig, d)
+		}
+		c.closeTimeout = d
+		return nil
+	}
+}
+
 // NewClient returns a client for project over nc, which must have JetStream
 // available and must not buffer publishes while reconnecting (connect with
 // nats.ReconnectBufSize(-1), or without reconnects). It does no I/O;
@@ -148,6 +189,7 @@ func NewClient(nc *nats.Conn, project string, opts ...Option) (*Client, error) {
 		idleTimeout:  5 * time.Second,
 		apiTimeout:   10 * time.Second,
 		ackTimeout:   5 * time.Second,
+		closeTimeout: DefaultCloseTimeout,
 		createWorker: 32,
 	}
 	for _, o := range opts {
@@ -166,20 +208,213 @@ func NewClient(nc *nats.Conn, project string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	return &Client{nc: nc, js: js, project: project, cfg: cfg, publishWindow: semaphore.NewWeighted(publishWindowSize)}, nil
+	closing, closeNow := context.WithCancelCause(context.Background())
+	return &Client{
+		nc: nc, js: js, project: project, cfg: cfg,
+		closing:       closing,
+		closeNow:      closeNow,
+		receives:      make(map[string]int),
+		receivesEnded: make(chan struct{}),
+		topics:        make(map[weak.Pointer[Topic]]struct{}),
+		stopping:      make(map[*Topic]struct{}),
+		topicsStopped: make(chan struct{}),
+		publishWindow: semaphore.NewWeighted(publishWindowSize),
+	}, nil
 }
 
 // Project is the client's project id.
 func (c *Client) Project() string { return c.project }
 
-// Close marks the client closed: later calls fail with ErrClosed, and
-// Receive calls in progress end with ErrClosed within about a second
-// (cancelling their contexts ends them at once).
+// Close closes the client and waits for what it started to finish. It
+// returns nil once they have, and is safe for concurrent use.
+//
+// At once, later calls fail with ErrClosed, and every Receive call in
+// progress starts ending as if its context had been cancelled: it stops
+// taking messages, hands back those no handler has started, cancels its
+// handlers' context, waits for them, and returns an error that wraps
+// ErrClosed. Every Topic handle of the client that has published is
+// stopped (Topic.Stop): what is queued is sent, and later publishes fail.
+//
+// Close waits until every Receive call has returned and every queued
+// message is stored or has failed, at most the close timeout
+// (WithCloseTimeout, default 30s); after that it returns an
+// ErrCloseTimeout error naming what is still running, which goes on in
+// the background (a topic's messages until their PublishSettings.Timeout,
+// a Receive until its handlers return). Other calls in progress are not
+// waited for: their contexts bound them.
+//
+// Calling Close again is harmless: it waits the same way for what is still
+// running, and returns nil once nothing is. Called from inside a Receive
+// handler (on the handler's own goroutine; a handler of any client
+// counts), Close does not wait for Receive calls, since the handler's
+// Receive cannot return before the handler does; it still waits for the
+// topics. Receive then returns once the handler has returned. A handler
+// that waits for another goroutine's Close deadlocks until the close
+// timeout. The caller owns the NATS connection: Close does not close it.
 func (c *Client) Close() error {
+	waitReceives := !inHandler()
 	c.mu.Lock()
-	c.closed = true
+	if !c.closed {
+		c.closed = true
+		c.closeNow(ErrClosed)
+		if len(c.receives) == 0 {
+			close(c.receivesEnded)
+		}
+		c.stopTopicsLocked()
+	}
 	c.mu.Unlock()
+
+	timer := time.NewTimer(c.cfg.closeTimeout)
+	defer timer.Stop()
+	if waitReceives {
+		select {
+		case <-c.receivesEnded:
+		case <-timer.C:
+			return c.closeTimeoutError(waitReceives)
+		}
+	}
+	select {
+	case <-c.topicsStopped:
+	case <-timer.C:
+		return c.closeTimeoutError(waitReceives)
+	}
 	return nil
+}
+
+// stopTopicsLocked stops every tracked topic handle, each on a goroutine
+// of its own, which ends once the handle's queued messages are stored or
+// have failed. Called with c.mu held, once.
+func (c *Client) stopTopicsLocked() {
+	for wp := range c.topics {
+		if t := wp.Value(); t != nil {
+			c.stopping[t] = struct{}{}
+		}
+	}
+	clear(c.topics)
+	if len(c.stopping) == 0 {
+		close(c.topicsStopped)
+		return
+	}
+	for t := range c.stopping {
+		go func() {
+			t.Stop()
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			delete(c.stopping, t)
+			if len(c.stopping) == 0 {
+				close(c.topicsStopped)
+			}
+		}()
+	}
+}
+
+// closeTimeoutError says what Close waited for in vain.
+func (c *Client) closeTimeoutError(receives bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var parts []string
+	if names := slices.Sorted(maps.Keys(c.receives)); receives && len(names) > 0 {
+		n := 0
+		for _, name := range names {
+			n += c.receives[name]
+		}
+		parts = append(parts, fmt.Sprintf("%d Receive calls (%s)", n, strings.Join(names, ", ")))
+	}
+	if len(c.stopping) > 0 {
+		var names []string
+		for t := range c.stopping {
+			names = append(names, t.String())
+		}
+		slices.Sort(names)
+		parts = append(parts, fmt.Sprintf("publishing to %s", strings.Join(names, ", ")))
+	}
+	if len(parts) == 0 {
+		parts = []string{"nothing (it finished just now)"}
+	}
+	return fmt.Errorf("%w: still running after %v: %s", ErrCloseTimeout, c.cfg.closeTimeout, strings.Join(parts, "; "))
+}
+
+// startReceive counts a Receive call in progress, so that Close can wait
+// for it, and returns ctx, cancelled also when the client closes: Close
+// ends Receive as cancelling its context does. Receive returns end(err),
+// which turns the nil of a Receive that Close ended into ErrClosed.
+// startReceive fails with ErrClosed after Close.
+func (c *Client) startReceive(ctx context.Context, s *Subscription) (_ context.Context, end func(error) error, _ error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, nil, ErrClosed
+	}
+	name := s.String()
+	c.receives[name]++
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(c.closing, func() { cancel(ErrClosed) })
+	return ctx, func(err error) error {
+		stop()
+		if err == nil && errors.Is(context.Cause(ctx), ErrClosed) {
+			err = fmt.Errorf("receive %s: %w", s, ErrClosed)
+		}
+		cancel(nil)
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.receives[name]--; c.receives[name] == 0 {
+			delete(c.receives, name)
+		}
+		if c.closed && len(c.receives) == 0 {
+			close(c.receivesEnded)
+		}
+		return err
+	}, nil
+}
+
+// trackTopic records that t has a publisher, for Close to stop. It
+// reports false once the client is closed: t's publisher must then refuse
+// every message, since Close will not flush it.
+func (c *Client) trackTopic(t *Topic) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	wp := weak.Make(t)
+	c.topics[wp] = struct{}{}
+	runtime.AddCleanup(t, c.untrackTopic, wp)
+	return true
+}
+
+// untrackTopic forgets a handle that was stopped or collected.
+func (c *Client) untrackTopic(wp weak.Pointer[Topic]) {
+	c.mu.Lock()
+	delete(c.topics, wp)
+	c.mu.Unlock()
+}
+
+// handlerFunc is the function every Receive handler is called from, on a
+// goroutine of its own.
+var handlerFunc = runtime.FuncForPC(reflect.ValueOf((*receiver).handle).Pointer()).Name()
+
+// inHandler reports whether the calling goroutine is running a Receive
+// handler (of any client).
+func inHandler() bool {
+	pcs := make([]uintptr, 64)
+	for {
+		n := runtime.Callers(2, pcs)
+		if n < len(pcs) {
+			pcs = pcs[:n]
+			break
+		}
+		pcs = make([]uintptr, 2*len(pcs)) // the handler's frame is at the bottom
+	}
+	frames := runtime.CallersFrames(pcs)
+	for {
+		f, more := frames.Next()
+		if f.Function == handlerFunc {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
 }
 
 func (c *Client) checkOpen() error {

@@ -34,8 +34,14 @@ var (
 	// ErrHandlerPanic is returned by Receive when a handler panicked. The
 	// message it was handling is nacked, so it is redelivered in order.
 	ErrHandlerPanic = errors.New("receive handler panicked")
-	// ErrClosed is returned after Client.Close.
+	// ErrClosed is returned after Client.Close, by every call, and by
+	// Receive calls that Close ended.
 	ErrClosed = errors.New("client closed")
+	// ErrCloseTimeout is returned by Client.Close when Receive calls or
+	// topic publishers it waits for are still running after the close
+	// timeout (WithCloseTimeout); the error names them. The client is
+	// closed all the same, and they finish in the background.
+	ErrCloseTimeout = errors.New("client close timed out")
 )
 
 // Confirmed ack errors (Message.AckWithResult).

@@ -104,12 +104,15 @@ type receiver struct {
 // Receive returns nil when ctx is cancelled, after every running f has
 // returned; messages not yet handed to f are nacked so they are redelivered
 // at once. It returns ErrSubscriptionNotFound or ErrTopicDeleted when the
-// subscription or its topic goes away, and an ErrHandlerPanic error if f
-// panics (the message is nacked).
-func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Message)) error {
-	if err := s.c.checkOpen(); err != nil {
+// subscription or its topic goes away, an ErrHandlerPanic error if f
+// panics (the message is nacked), and an ErrClosed error when Client.Close
+// is called (Receive ends at once, as when ctx is cancelled).
+func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Message)) (err error) {
+	ctx, end, err := s.c.startReceive(ctx, s)
+	if err != nil {
 		return err
 	}
+	defer func() { err = end(err) }()
 	if f == nil {
 		return fmt.Errorf("%w: nil handler", ErrInvalidConfig)
 	}

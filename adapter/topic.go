@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
@@ -137,7 +138,12 @@ type FlowControlSettings struct {
 }
 
 func (t *Topic) publisher() *publisher {
-	t.pubOnce.Do(func() { t.pub = newPublisher(t, t.PublishSettings) })
+	t.pubOnce.Do(func() {
+		t.pub = newPublisher(t, t.PublishSettings)
+		// Client.Close stops the handles it knows; one first used after
+		// Close is stopped from the start.
+		t.pub.stopped = !t.c.trackTopic(t)
+	})
 	return t.pub
 }
 
@@ -403,12 +409,14 @@ func (t *Topic) Publish(ctx context.Context, msg *Message) *PublishResult {
 func (t *Topic) Flush() { t.publisher().flush() }
 
 // Stop flushes and refuses later publishes with ErrTopicStopped.
+// Client.Close stops every handle of the client that has published.
 func (t *Topic) Stop() {
 	p := t.publisher()
 	p.mu.Lock()
 	p.stopped = true
 	p.mu.Unlock()
 	p.flush()
+	t.c.untrackTopic(weak.Make(t))
 }
 
 // ResumePublish resumes publishing for an ordering key paused by a failure.

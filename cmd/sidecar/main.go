@@ -59,7 +59,7 @@ func parseConfig(args []string) (config, error) {
 	str(&replicas, "replicas", "1", "replicas of the streams and buckets the sidecar creates (3 in a cluster)")
 	str(&maxOutstanding, "max-outstanding-messages", "1000", "messages one subscription holds in the sidecar: with clients or waiting for one")
 	str(&maxStreams, "max-streams", "1000", "open StreamingPull streams")
-	str(&shutdown, "shutdown-timeout", "5s", "how long shutdown waits for clients to ack what they hold")
+	str(&shutdown, "shutdown-timeout", "5s", "how long shutdown may take; clients have the first three quarters of it to ack what they hold")
 	str(&webhookOrigins, "webhook-allowed-origins", "*", `CloudEvents webhook validation: origins granted, comma-separated ("*" all, "*.example.com" its subdomains)`)
 	str(&webhookRate, "webhook-allowed-rate", "*", `CloudEvents webhook validation: requests per minute granted ("*" no limit; advisory, not enforced)`)
 	str(&c.PushAllow, "push-allow", push.DefaultAllow, `push endpoints subscriptions may name, comma-separated: "loopback", host names, *.domain, IPs, CIDR prefixes, each with an optional :port ("off" disables push)`)

@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -74,8 +75,10 @@ type Config struct {
 	// subscription, for ordering keys and unkeyed messages each.
 	PushMaxOutstanding int
 	MaxStreams         int // open StreamingPull streams
-	// ShutdownTimeout bounds how long shutdown waits for clients to settle
-	// the messages they hold before handing them back. Default 5s.
+	// ShutdownTimeout bounds the whole shutdown (see Run): clients have
+	// the first three quarters of it to settle the messages they hold,
+	// before the rest are handed back; the last quarter is for handing
+	// back, flushing publishes and closing NATS. Default 5s.
 	ShutdownTimeout time.Duration
 }
 
@@ -84,58 +87,126 @@ type Listening struct {
 	GRPC, HTTP, NATS string // NATS is "" without a client port
 }
 
-// Run serves until ctx ends, then shuts down in order: stop handing out
-// messages, wait up to ShutdownTimeout for clients to settle what they
-// hold, stop the APIs, flush publishes, close NATS and the embedded
-// server. ready, if not nil, is called once everything listens.
+// Run serves until ctx ends, then shuts down (see shutdown): within
+// ShutdownTimeout of ctx's end, clients settle what they hold, the rest is
+// handed back, the APIs stop, publishes are flushed and NATS and the
+// embedded server close. ready, if not nil, is called once everything
+// listens. Run returns nil after a shutdown that ctx asked for, or the
+// error that ended it (a server that failed, or a setup that could not
+// start).
 func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening)) error {
+	s, err := setup(ctx, cfg, log)
+	if err != nil || s == nil {
+		return err // s is nil when ctx ended while starting
+	}
+	runErr := s.serve(ctx, ready)
+	s.shutdown()
+	return runErr
+}
+
+// sidecar is a set-up sidecar: what setup built, serve runs and shutdown
+// stops.
+type sidecar struct {
+	cfg   Config
+	log   *slog.Logger
+	where Listening
+
+	srv *embedded.Server // nil when cfg.NATSURL names a server
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	b   *broker.Broker
+	api *pubsubapi.Server
+
+	gs      *grpc.Server
+	hs      *health.Server
+	gl      net.Listener
+	httpSrv *http.Server // nil with the HTTP API off
+	hl      net.Listener
+	tls     bool
+
+	// Started by serve, stopped by shutdown.
+	stopHealth context.CancelFunc
+	healthDone chan struct{}
+	grpcDone   chan error
+	httpDone   chan error
+}
+
+// setup connects to NATS (starting the embedded server unless cfg names
+// one), waits for JetStream, listens on the API addresses and builds the
+// servers; nothing is served yet. On failure it closes what it opened.
+// It returns nil, nil when ctx ends while it waits for JetStream.
+func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 5 * time.Second
 	}
-	var where Listening
 	var pushAllow *push.AllowList
+	var err error
 	if cfg.PushAllow != "off" {
 		allow := cfg.PushAllow
 		if allow == "" {
 			allow = push.DefaultAllow
 		}
-		var err error
 		if pushAllow, err = push.ParseAllowList(allow); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	nc, srv, err := connect(cfg, log)
-	if err != nil {
-		return err
+	s := &sidecar{cfg: cfg, log: log}
+	if s.nc, s.srv, err = connect(cfg, log); err != nil {
+		return nil, err
 	}
-	if srv != nil {
-		defer func() {
-			srv.Shutdown()
-			srv.WaitForShutdown()
-			log.Info("embedded nats-server stopped")
-		}()
-		if cfg.NATSListen != "" {
-			where.NATS = srv.ClientURL()
+	built := false
+	defer func() {
+		if !built { // failed, or asked to stop: close what is open
+			for _, l := range []net.Listener{s.gl, s.hl} {
+				if l != nil {
+					_ = l.Close()
+				}
+			}
+			s.closeNATS()
 		}
+	}()
+	if s.srv != nil && cfg.NATSListen != "" {
+		s.where.NATS = s.srv.ClientURL()
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
+	if s.js, err = jetstream.New(s.nc); err != nil {
+		return nil, err
 	}
-	if err := waitJetStream(ctx, js); err != nil {
+	if err := waitJetStream(ctx, s.js); err != nil {
 		if ctx.Err() != nil {
-			return nil // asked to stop while starting
+			return nil, nil // asked to stop while starting
 		}
-		return err
+		return nil, err
+	}
+
+	var tlsConf *tls.Config
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		s.tls = true
+	}
+	if s.gl, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("--grpc-addr: %w", err)
+	}
+	s.where.GRPC = s.gl.Addr().String()
+	if cfg.HTTPAddr != "" && cfg.HTTPAddr != "off" {
+		if s.hl, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+			return nil, fmt.Errorf("--http-addr: %w", err)
+		}
+		s.where.HTTP = s.hl.Addr().String()
 	}
 
 	reg := &metrics.Registry{}
-	b := broker.New(nc, log, reg, adapter.WithLogger(log), adapter.WithReplicas(max(cfg.Replicas, 1)))
-	b.BucketReplicas = max(cfg.Replicas, 1)
+	// A client's Close waits no longer than the whole shutdown may take.
+	s.b = broker.New(s.nc, log, reg, adapter.WithLogger(log), adapter.WithReplicas(max(cfg.Replicas, 1)),
+		adapter.WithCloseTimeout(cfg.ShutdownTimeout))
+	s.b.BucketReplicas = max(cfg.Replicas, 1)
+	js := s.js
 	reg.GaugeFunc("jetorder_live_consumers", "JetStream consumers in the account (per-key consumers follow the active keys).",
 		func() (float64, bool) {
 			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -146,8 +217,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 			}
 			return float64(info.Consumers), true
 		})
-	schemas := pubsubapi.NewSchemaServer(b.Conn(), max(cfg.Replicas, 1), log)
-	api := pubsubapi.New(b, pubsubapi.Config{
+	schemas := pubsubapi.NewSchemaServer(s.b.Conn(), max(cfg.Replicas, 1), log)
+	s.api = pubsubapi.New(s.b, pubsubapi.Config{
 		MaxOutstandingMessages: cfg.MaxOutstandingMessages,
 		MaxStreams:             cfg.MaxStreams,
 		Delivery:               cfg.Delivery,
@@ -158,15 +229,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 		PushMaxOutstanding:     cfg.PushMaxOutstanding,
 	})
 
-	var tlsConf *tls.Config
-	if cfg.TLSCert != "" || cfg.TLSKey != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		if err != nil {
-			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
-		}
-		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	}
-
 	gopts := []grpc.ServerOption{
 		// Pub/Sub accepts 10 MB publish requests; leave room for framing.
 		grpc.MaxRecvMsgSize(maxGRPCMessage),
@@ -175,42 +237,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 	if tlsConf != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsConf)))
 	}
-	gs := grpc.NewServer(gopts...)
-	api.Register(gs)
-	schemas.Register(gs)
+	s.gs = grpc.NewServer(gopts...)
+	s.api.Register(s.gs)
+	schemas.Register(s.gs)
 	// Health: SERVING while NATS and JetStream answer (they do by now),
 	// NOT_SERVING while they do not, and from the start of shutdown.
-	hs := health.NewServer()
-	healthpb.RegisterHealthServer(gs, hs)
-	reflection.Register(gs)
-	healthCtx, stopHealth := context.WithCancel(ctx)
-	defer stopHealth()
-	go watchHealth(healthCtx, hs, func(ctx context.Context) error { return checkReady(ctx, nc, js) })
-	gl, err := net.Listen("tcp", cfg.GRPCAddr)
-	if err != nil {
-		return fmt.Errorf("--grpc-addr: %w", err)
-	}
-	where.GRPC = gl.Addr().String()
-	grpcDone := make(chan error, 1)
-	go func() { grpcDone <- gs.Serve(gl) }()
+	s.hs = health.NewServer()
+	healthpb.RegisterHealthServer(s.gs, s.hs)
+	reflection.Register(s.gs)
 
-	var httpSrv *http.Server
-	var hl net.Listener
-	httpDone := make(chan error, 1)
-	if cfg.HTTPAddr != "" && cfg.HTTPAddr != "off" {
-		hl, err = net.Listen("tcp", cfg.HTTPAddr)
-		if err != nil {
-			gs.Stop()
-			return fmt.Errorf("--http-addr: %w", err)
-		}
-		where.HTTP = hl.Addr().String()
-		httpSrv = &http.Server{
+	if s.hl != nil {
+		s.httpSrv = &http.Server{
 			Handler: httpapi.New(httpapi.Config{
-				Broker:         b,
+				Broker:         s.b,
 				DefaultProject: cfg.Project,
-				Ready:          func(ctx context.Context) error { return checkReady(ctx, nc, js) },
+				Ready:          s.ready,
 				Logger:         log,
-				PubSub:         api, // the Pub/Sub REST API, over the gRPC server's methods
+				PubSub:         s.api, // the Pub/Sub REST API, over the gRPC server's methods
 
 				WebhookAllowedOrigins: cfg.WebhookAllowedOrigins,
 				WebhookAllowedRate:    cfg.WebhookAllowedRate,
@@ -220,70 +263,195 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening
 			// Failed handshakes and the like: to our log, not the standard one.
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
+	}
+	built = true
+	return s, nil
+}
+
+// ready reports whether NATS and JetStream answer.
+func (s *sidecar) ready(ctx context.Context) error { return checkReady(ctx, s.nc, s.js) }
+
+// serve serves both APIs and keeps the health status current until ctx
+// ends or a server fails, whose error it returns.
+func (s *sidecar) serve(ctx context.Context, ready func(Listening)) error {
+	hctx, stopHealth := context.WithCancel(context.Background())
+	s.stopHealth, s.healthDone = stopHealth, make(chan struct{})
+	go func() {
+		defer close(s.healthDone)
+		watchHealth(hctx, s.hs, s.ready)
+	}()
+	s.grpcDone = make(chan error, 1)
+	go func() { s.grpcDone <- s.gs.Serve(s.gl) }()
+	s.httpDone = make(chan error, 1)
+	if s.httpSrv != nil {
 		go func() {
-			if tlsConf != nil {
-				httpDone <- httpSrv.ServeTLS(hl, "", "")
+			if s.tls {
+				s.httpDone <- s.httpSrv.ServeTLS(s.hl, "", "")
 			} else {
-				httpDone <- httpSrv.Serve(hl)
+				s.httpDone <- s.httpSrv.Serve(s.hl)
 			}
 		}()
 	}
 
-	attrs := []any{"grpc", where.GRPC, "http", orOff(where.HTTP), "tls", tlsConf != nil}
-	if srv != nil {
-		attrs = append(attrs, "nats", "embedded", "data_dir", cfg.DataDir, "nats_listen", orOff(where.NATS))
+	attrs := []any{"grpc", s.where.GRPC, "http", orOff(s.where.HTTP), "tls", s.tls}
+	if s.srv != nil {
+		attrs = append(attrs, "nats", "embedded", "data_dir", s.cfg.DataDir, "nats_listen", orOff(s.where.NATS))
 	} else {
-		attrs = append(attrs, "nats", redactURLs(nc.ConnectedUrl()))
+		attrs = append(attrs, "nats", redactURLs(s.nc.ConnectedUrl()))
 	}
-	log.Info("jetorder sidecar listening", attrs...)
+	s.log.Info("jetorder sidecar listening", attrs...)
 	// The APIs have no authentication of their own, and the embedded
 	// server none at all: say so when others can reach them.
-	if tlsConf == nil && beyondLoopback(gl.Addr()) {
-		log.Warn("the gRPC API listens beyond loopback without TLS", "grpc", where.GRPC)
+	if !s.tls && beyondLoopback(s.gl.Addr()) {
+		s.log.Warn("the gRPC API listens beyond loopback without TLS", "grpc", s.where.GRPC)
 	}
-	if tlsConf == nil && httpSrv != nil && beyondLoopback(hl.Addr()) {
-		log.Warn("the HTTP API listens beyond loopback without TLS", "http", where.HTTP)
+	if !s.tls && s.hl != nil && beyondLoopback(s.hl.Addr()) {
+		s.log.Warn("the HTTP API listens beyond loopback without TLS", "http", s.where.HTTP)
 	}
-	if srv != nil && where.NATS != "" && beyondLoopback(srv.Addr()) {
-		log.Warn("--nats-listen exposes the embedded nats-server, which has no authentication, beyond loopback", "nats_listen", where.NATS)
+	if s.srv != nil && s.where.NATS != "" && beyondLoopback(s.srv.Addr()) {
+		s.log.Warn("--nats-listen exposes the embedded nats-server, which has no authentication, beyond loopback", "nats_listen", s.where.NATS)
 	}
 	if ready != nil {
-		ready(where)
+		ready(s.where)
 	}
 
-	var runErr error
 	select {
 	case <-ctx.Done():
-	case err := <-grpcDone:
-		runErr = fmt.Errorf("gRPC server: %w", err)
-	case err := <-httpDone:
-		runErr = fmt.Errorf("HTTP server: %w", err)
+		return nil
+	case err := <-s.grpcDone:
+		s.grpcDone <- err // for shutdown, which waits for Serve to return
+		return fmt.Errorf("gRPC server: %w", err)
+	case err := <-s.httpDone:
+		s.httpDone <- err
+		return fmt.Errorf("HTTP server: %w", err)
 	}
-	log.Info("shutting down")
-	stopHealth()
-	hs.Shutdown() // NOT_SERVING: load balancers stop sending new work
-	dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	api.Drain(dctx) // clients settle what they hold
-	cancel()
-	if httpSrv != nil {
-		hctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-		_ = httpSrv.Shutdown(hctx) // in-flight publishes finish
-		cancel()
+}
+
+// settleShare is the part of ShutdownTimeout that clients have to settle
+// the messages they hold; the rest is for handing back what they still
+// hold, finishing requests in flight, flushing publishes and closing NATS.
+const settleShare = 0.75
+
+// shutdown stops what serve started, in order, within one deadline:
+// ShutdownTimeout from its start. Each step that waits for others (clients,
+// requests in flight, the NATS server) waits at most until the deadline;
+// then it is cut short and the next step runs.
+//
+//  1. Refuse new work: the health status goes NOT_SERVING, so load
+//     balancers stop sending work.
+//  2. Let clients settle: the Pub/Sub API attaches no new streams or pulls
+//     and hands out no more messages, but still takes acks (over gRPC and
+//     HTTP); clients have until settleShare of the timeout to ack or nack
+//     what they hold. Publishes are still taken.
+//  3. Hand back and end streams: messages still with clients or waiting
+//     for one go back (they are redelivered, in order, to whoever
+//     receives next), push requests in flight are abandoned, streams end
+//     with UNAVAILABLE, and the dispatchers' Receive calls end.
+//  4. Stop the APIs, HTTP and gRPC at once: no new requests; those in
+//     flight (publishes) finish, or at the deadline their connections
+//     are closed.
+//  5. Close the adapter clients: every topic's queued publishes are
+//     flushed, then each client closes.
+//  6. Drain NATS: what the connection holds is delivered or sent; at the
+//     deadline it is closed.
+//  7. Stop the embedded nats-server, if there is one (not bounded: it
+//     writes its store).
+//
+// Steps 3 and 5 cannot be cut short: at the deadline they go on in the
+// background while the next step runs, and closing NATS ends them.
+//
+// Before the deadline was shared, the APIs stopped (the HTTP API between
+// steps 2 and 3) before messages were handed back. Under one deadline that
+// would let a request in flight use up the time for handing back, and the
+// messages clients held would then wait out their ack deadlines, and
+// their keys with them; handing back needs neither API.
+func (s *sidecar) shutdown() {
+	start := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(s.cfg.ShutdownTimeout))
+	defer cancel()
+	s.log.Info("shutting down", "deadline", s.cfg.ShutdownTimeout)
+
+	// 1. Refuse new work.
+	s.stopHealth()
+	<-s.healthDone
+	s.hs.Shutdown()
+
+	// 2. Let clients settle.
+	sctx, cancelSettle := context.WithDeadline(ctx, start.Add(time.Duration(settleShare*float64(s.cfg.ShutdownTimeout))))
+	s.api.Drain(sctx)
+	cancelSettle()
+
+	// 3. Hand back and end streams.
+	s.within(ctx, "hand back messages and end streams", s.api.Close, nil)
+
+	// 4. Stop the APIs.
+	var apis sync.WaitGroup
+	if s.httpSrv != nil {
+		apis.Go(func() {
+			if err := s.httpSrv.Shutdown(ctx); err != nil {
+				s.log.Warn("shutdown: HTTP requests in flight at the deadline; closing their connections", "err", err)
+				_ = s.httpSrv.Close()
+			}
+			<-s.httpDone
+		})
 	}
-	api.Close() // the rest goes back; streams end with UNAVAILABLE
-	stopped := make(chan struct{})
-	go func() { gs.GracefulStop(); close(stopped) }()
+	apis.Go(func() {
+		s.within(ctx, "stop the gRPC API", s.gs.GracefulStop, s.gs.Stop)
+		<-s.grpcDone
+	})
+	apis.Wait()
+
+	// 5. Close the adapter clients.
+	s.within(ctx, "flush publishes and close the adapter clients", s.b.Close, nil)
+
+	// 6. Drain NATS.
+	closed := s.nc.StatusChanged(nats.CLOSED)
+	if err := s.nc.Drain(); err == nil {
+		select {
+		case <-closed:
+		case <-ctx.Done():
+			s.log.Warn("shutdown: NATS connection not drained by the deadline; closing it")
+		}
+	} else if !errors.Is(err, nats.ErrConnectionClosed) {
+		s.log.Warn("drain NATS connection", "err", err)
+	}
+	s.closeNATS() // 7. and the embedded server
+	s.log.Info("stopped", "took", time.Since(start).Round(time.Millisecond))
+}
+
+// within runs step until it returns or ctx ends. Then, if force is not
+// nil, it calls force, which makes step return, and waits for step;
+// without one, step goes on in the background.
+func (s *sidecar) within(ctx context.Context, name string, step, force func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		step()
+	}()
 	select {
-	case <-stopped:
-	case <-time.After(cfg.ShutdownTimeout):
-		gs.Stop()
+	case <-done:
+		return
+	case <-ctx.Done():
 	}
-	b.Close() // flush publishes
-	if err := nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-		log.Warn("drain NATS connection", "err", err)
+	if force == nil {
+		s.log.Warn("shutdown: step not finished by the deadline; going on", "step", name)
+		return
 	}
-	log.Info("stopped")
-	return runErr
+	s.log.Warn("shutdown: step not finished by the deadline; cutting it short", "step", name)
+	force()
+	<-done
+}
+
+// closeNATS closes the NATS connection and stops the embedded server.
+func (s *sidecar) closeNATS() {
+	if s.nc != nil {
+		s.nc.Close()
+	}
+	if s.srv != nil {
+		s.srv.Shutdown()
+		s.srv.WaitForShutdown()
+		s.log.Info("embedded nats-server stopped")
+	}
 }
 
 // connect starts the embedded server, unless cfg names an external one,
