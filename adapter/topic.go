@@ -410,13 +410,7 @@ func (t *Topic) Refuse(orderingKey string, err error) *PublishResult {
 func (t *Topic) Flush() { t.publisher().flush() }
 
 // Stop flushes and refuses later publishes with ErrTopicStopped.
-func (t *Topic) Stop() {
-	p := t.publisher()
-	p.mu.Lock()
-	p.stopped = true
-	p.mu.Unlock()
-	p.flush()
-}
+func (t *Topic) Stop() { t.publisher().stop() }
 
 // ResumePublish resumes publishing for an ordering key paused by a failure.
 func (t *Topic) ResumePublish(key string) { t.publisher().resume(key) }
