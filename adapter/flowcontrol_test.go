@@ -52,7 +52,7 @@ func checkOutstanding(t *testing.T, f *flowController, msgs, bytes int) {
 	}
 }
 
-func sum(sizes []int) int {
+func totalSize(sizes []int) int {
 	n := 0
 	for _, s := range sizes {
 		n += s
@@ -108,7 +108,7 @@ func TestFlowControllerAcquire(t *testing.T) {
 							t.Fatalf("acquire: %v, want room", err)
 						}
 						probe.check(t, 0)
-						checkOutstanding(t, f, len(tt.outstanding)+1, sum(tt.outstanding)+tt.size)
+						checkOutstanding(t, f, len(tt.outstanding)+1, totalSize(tt.outstanding)+tt.size)
 						return
 					case bh.b == FlowControlSignalError:
 						if !errors.Is(err, ErrFlowControlLimit) {
@@ -121,7 +121,7 @@ func TestFlowControllerAcquire(t *testing.T) {
 						}
 						probe.check(t, 1)
 					}
-					checkOutstanding(t, f, len(tt.outstanding), sum(tt.outstanding))
+					checkOutstanding(t, f, len(tt.outstanding), totalSize(tt.outstanding))
 				})
 			})
 		}
@@ -136,9 +136,9 @@ func acquireAsync(ctx context.Context, f *flowController, size int, probe *block
 	return res
 }
 
-// returned reports whether an acquireAsync has returned, once every
+// acquireReturned reports whether an acquireAsync has returned, once every
 // goroutine of the bubble is blocked or done.
-func returned(t *testing.T, res <-chan error) (error, bool) {
+func acquireReturned(t *testing.T, res <-chan error) (error, bool) {
 	t.Helper()
 	synctest.Wait()
 	select {
@@ -179,14 +179,14 @@ func TestFlowControllerBlocked(t *testing.T) {
 			f := block(t, 1, -1, 3)
 			probe := &blockProbe{}
 			res := acquireAsync(context.Background(), f, 2, probe)
-			if _, ok := returned(t, res); ok {
+			if _, ok := acquireReturned(t, res); ok {
 				t.Fatal("acquire did not wait for room")
 			}
 			if probe.blocks.Load() != 1 || probe.dones.Load() != 0 {
 				t.Fatalf("while blocked: onBlock %d, done %d calls; want 1, 0", probe.blocks.Load(), probe.dones.Load())
 			}
 			f.release(3)
-			if err, ok := returned(t, res); !ok || err != nil {
+			if err, ok := acquireReturned(t, res); !ok || err != nil {
 				t.Fatalf("after release: returned %v, err %v", ok, err)
 			}
 			probe.check(t, 1)
@@ -197,11 +197,11 @@ func TestFlowControllerBlocked(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			probe := &blockProbe{}
 			res := acquireAsync(ctx, f, 2, probe)
-			if _, ok := returned(t, res); ok {
+			if _, ok := acquireReturned(t, res); ok {
 				t.Fatal("acquire did not wait for room")
 			}
 			cancel()
-			if err, ok := returned(t, res); !ok || !errors.Is(err, context.Canceled) {
+			if err, ok := acquireReturned(t, res); !ok || !errors.Is(err, context.Canceled) {
 				t.Fatalf("after cancel: returned %v, err %v; want context.Canceled", ok, err)
 			}
 			probe.check(t, 1)
@@ -227,7 +227,7 @@ func TestFlowControllerBlocked(t *testing.T) {
 			synctest.Wait()
 			f.release(10)
 			for _, res := range []<-chan error{resA, resB} {
-				if err, ok := returned(t, res); !ok || err != nil {
+				if err, ok := acquireReturned(t, res); !ok || err != nil {
 					t.Fatalf("after release: returned %v, err %v", ok, err)
 				}
 			}
@@ -245,14 +245,14 @@ func TestFlowControllerBlocked(t *testing.T) {
 			resSmall := acquireAsync(context.Background(), f, 2, small)
 			synctest.Wait()
 			f.release(5)
-			if err, ok := returned(t, resSmall); !ok || err != nil {
+			if err, ok := acquireReturned(t, resSmall); !ok || err != nil {
 				t.Fatalf("small message after release: returned %v, err %v", ok, err)
 			}
-			if _, ok := returned(t, resLarge); ok {
+			if _, ok := acquireReturned(t, resLarge); ok {
 				t.Fatal("large message taken without room")
 			}
 			f.release(5)
-			if err, ok := returned(t, resLarge); !ok || err != nil {
+			if err, ok := acquireReturned(t, resLarge); !ok || err != nil {
 				t.Fatalf("large message after the second release: returned %v, err %v", ok, err)
 			}
 			checkOutstanding(t, f, 2, 10)
