@@ -53,12 +53,12 @@ func (f *fakeLeaseStore) Delete(context.Context, string, ...jetstream.KVDeleteOp
 	return f.fail
 }
 
-type fakeClock struct{ t time.Time }
+type leaseClock struct{ t time.Time }
 
-func (c *fakeClock) now() time.Time       { return c.t }
-func (c *fakeClock) step(d time.Duration) { c.t = c.t.Add(d) }
-func newFakeClock() *fakeClock            { return &fakeClock{t: t0} }
-func testLease(kv leaseStore, c *fakeClock) *lease {
+func (c *leaseClock) now() time.Time       { return c.t }
+func (c *leaseClock) step(d time.Duration) { c.t = c.t.Add(d) }
+func newLeaseClock() *leaseClock           { return &leaseClock{t: t0} }
+func testLease(kv leaseStore, c *leaseClock) *lease {
 	l := newLease(kv, "k", "me", 8*time.Second, 10*time.Second)
 	l.now = c.now
 	return l
@@ -79,7 +79,7 @@ func TestLeaseAcquire(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newFakeClock()
+			c := newLeaseClock()
 			l := testLease(tt.store, c)
 			got, err := l.acquire(context.Background())
 			if got != tt.want || !errors.Is(err, tt.wantErr) {
@@ -96,7 +96,7 @@ func TestLeaseValidForHalfATTL(t *testing.T) {
 	// The holder acts for half a TTL after its last renewal was sent, so
 	// every action of a holder that stopped renewing has ended before the
 	// bucket's TTL lets another in.
-	c := newFakeClock()
+	c := newLeaseClock()
 	l := testLease(&fakeLeaseStore{}, c)
 	if ok, err := l.acquire(context.Background()); !ok || err != nil {
 		t.Fatalf("acquire = %v, %v", ok, err)
@@ -116,7 +116,7 @@ func TestLeaseValidForHalfATTL(t *testing.T) {
 
 func TestLeaseRenew(t *testing.T) {
 	t.Run("extends from the renewal", func(t *testing.T) {
-		c := newFakeClock()
+		c := newLeaseClock()
 		kv := &fakeLeaseStore{}
 		l := testLease(kv, c)
 		l.acquire(context.Background())
@@ -134,7 +134,7 @@ func TestLeaseRenew(t *testing.T) {
 		}
 	})
 	t.Run("another writer takes it", func(t *testing.T) {
-		c := newFakeClock()
+		c := newLeaseClock()
 		kv := &fakeLeaseStore{}
 		l := testLease(kv, c)
 		l.acquire(context.Background())
@@ -149,7 +149,7 @@ func TestLeaseRenew(t *testing.T) {
 		}
 	})
 	t.Run("renewals chain revisions", func(t *testing.T) {
-		c := newFakeClock()
+		c := newLeaseClock()
 		kv := &fakeLeaseStore{}
 		l := testLease(kv, c)
 		l.acquire(context.Background())
@@ -175,7 +175,7 @@ func TestLeaseOpContextEndsWithTheLease(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newFakeClock()
+			c := newLeaseClock()
 			l := testLease(&fakeLeaseStore{}, c)
 			l.timeout = tt.timeout
 			l.acquire(context.Background())
@@ -193,7 +193,7 @@ func TestLeaseOpContextEndsWithTheLease(t *testing.T) {
 }
 
 func TestLeaseRelease(t *testing.T) {
-	c := newFakeClock()
+	c := newLeaseClock()
 	kv := &fakeLeaseStore{}
 	l := testLease(kv, c)
 	l.acquire(context.Background())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -48,36 +47,13 @@ const (
 // failure, still in order, with the same message ids, so JetStream's
 // de-duplication stores each message once. Any other failure pattern, or a
 // permanent error, pauses the key.
+//
+// The publisher does the I/O; its keyQueues decide when each batch goes.
 type publisher struct {
-	t   *Topic
-	cfg PublishSettings
-	seq sequencer // guarded by mu: sequence numbers follow queue order
-
-	mu      sync.Mutex
-	keys    map[string]*keyQueue
-	stopped bool
-	idle    *sync.Cond // signalled when a key queue drains
-	// hurrying counts Flush calls and flow-control-blocked Publish calls;
-	// while any wait, batches go at once instead of after DelayThreshold.
-	hurrying int
-
-	flow *flowController
-}
-
-type keyQueue struct {
-	key      string
-	pending  []*pubItem
-	bytes    int
-	inFlight bool
-	paused   error // non-nil: the failure that paused the key
-	timer    *time.Timer
-}
-
-type pubItem struct {
-	msg    *nats.Msg
-	id     string
-	size   int
-	result *PublishResult
+	t      *Topic
+	cfg    PublishSettings
+	queues *keyQueues
+	flow   *flowController
 }
 
 func newPublisher(t *Topic, cfg PublishSettings) *publisher {
@@ -107,9 +83,9 @@ func newPublisher(t *Topic, cfg PublishSettings) *publisher {
 	if sender == uuid.Nil {
 		sender = uuid.New()
 	}
-	p := &publisher{t: t, cfg: cfg, keys: map[string]*keyQueue{}, flow: newFlowController(fc),
-		seq: sequencer{sender: sender, next: cfg.FirstSequence}}
-	p.idle = sync.NewCond(&p.mu)
+	p := &publisher{t: t, cfg: cfg, flow: newFlowController(fc)}
+	p.queues = newKeyQueues(cfg, sequencer{sender: sender, next: cfg.FirstSequence},
+		func(b *batch) { go p.sendBatch(b) }, p.complete, nil)
 	return p
 }
 
@@ -136,40 +112,15 @@ func (p *publisher) add(ctx context.Context, key string, msg *nats.Msg) *Publish
 			size += len(k) + len(v) + 4
 		}
 	}
-	if err := p.flow.acquire(ctx, size, p.hurry); err != nil {
+	if err := p.flow.acquire(ctx, size, p.queues.hurry); err != nil {
 		return p.refuse(key, err)
 	}
-	p.mu.Lock()
-	if p.stopped {
-		p.mu.Unlock()
-		p.flow.release(size)
-		return resolved("", ErrTopicStopped)
-	}
-	q := p.queue(key)
-	if q.paused != nil {
-		err := q.paused
-		p.mu.Unlock()
+	res, err := p.queues.add(key, msg, size)
+	if err != nil {
 		p.flow.release(size)
 		return resolved("", err)
 	}
-	sender, seq := p.seq.take()
-	id := writeIdentity(msg.Header, sender, seq)
-	res := newResult()
-	q.pending = append(q.pending, &pubItem{msg: msg, id: id, size: size, result: res})
-	q.bytes += size
-	p.schedule(q)
-	p.mu.Unlock()
 	return res
-}
-
-// queue returns key's queue, creating it. Called with p.mu held.
-func (p *publisher) queue(key string) *keyQueue {
-	q := p.keys[key]
-	if q == nil {
-		q = &keyQueue{key: key}
-		p.keys[key] = q
-	}
-	return q
 }
 
 // refuse fails a message that never entered its key's queue. A keyed
@@ -178,110 +129,41 @@ func (p *publisher) queue(key string) *keyQueue {
 // messages stored without it, and retrying it would store it out of order.
 func (p *publisher) refuse(key string, err error) *PublishResult {
 	if key != "" && keyrouter.ValidateOrderingKey(key) == nil {
-		p.mu.Lock()
-		if q := p.queue(key); q.paused == nil {
-			q.paused = fmt.Errorf("%w %q: %w", ErrPublishingPaused, key, err)
-		}
-		p.mu.Unlock()
+		p.queues.pause(key, err)
 	}
 	return resolved("", err)
 }
 
-// schedule sends q's next batch if it is full, or arms the delay timer.
-// Called with p.mu held.
-func (p *publisher) schedule(q *keyQueue) {
-	if q.inFlight || len(q.pending) == 0 {
-		return
-	}
-	if len(q.pending) >= p.cfg.CountThreshold || q.bytes >= p.cfg.ByteThreshold || p.hurrying > 0 || p.stopped {
-		p.sendLocked(q)
-		return
-	}
-	if q.timer == nil {
-		var t *time.Timer
-		t = time.AfterFunc(p.cfg.DelayThreshold, func() {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			if q.timer != t {
-				return // the batch went without waiting for this timer
-			}
-			q.timer = nil
-			if !q.inFlight && len(q.pending) > 0 {
-				p.sendLocked(q)
-			}
-		})
-		q.timer = t // before the callback can run: the caller holds p.mu
-	}
-}
-
-// hurry sends every waiting batch now, and makes later ones go at once
-// until done is called.
-func (p *publisher) hurry() (done func()) {
-	p.mu.Lock()
-	p.hurrying++
-	for _, q := range p.keys {
-		if !q.inFlight && len(q.pending) > 0 {
-			p.sendLocked(q)
-		}
-	}
-	p.mu.Unlock()
-	return func() {
-		p.mu.Lock()
-		p.hurrying--
-		p.mu.Unlock()
-	}
-}
-
-// sendLocked takes one batch off q and sends it. Called with p.mu held.
-func (p *publisher) sendLocked(q *keyQueue) {
-	if q.timer != nil {
-		q.timer.Stop()
-		q.timer = nil
-	}
-	n, bytes := 0, 0
-	for n < len(q.pending) && n < min(p.cfg.CountThreshold, publishWindowSize) && (n == 0 || bytes+q.pending[n].size <= p.cfg.ByteThreshold) {
-		bytes += q.pending[n].size
-		n++
-	}
-	batch := append([]*pubItem(nil), q.pending[:n]...)
-	q.pending = q.pending[n:]
-	q.bytes -= bytes
-	q.inFlight = true
-	go p.sendBatch(q, batch)
-}
-
-// sendBatch stores batch in order, retrying transient failures, then lets
-// the key's next batch go.
-func (p *publisher) sendBatch(q *keyQueue, batch []*pubItem) {
+// sendBatch stores b's messages in order, retrying transient failures,
+// then lets the key's next batch go. It is the keyQueues' send, run on its
+// own goroutine.
+func (p *publisher) sendBatch(b *batch) {
+	items := b.items
 	deadline := time.Now().Add(p.cfg.Timeout)
 	backoff := 50 * time.Millisecond
-	for len(batch) > 0 {
-		firstFail, errs := p.pipeline(batch, deadline)
+	for len(items) > 0 {
+		firstFail, errs := p.pipeline(items, deadline)
 		if firstFail < 0 {
-			p.complete(batch, nil)
+			p.complete(items, nil)
 			break
 		}
-		p.complete(batch[:firstFail], nil)
-		batch = batch[firstFail:]
+		p.complete(items[:firstFail], nil)
+		items = items[firstFail:]
 		err := errs[firstFail]
 		suffix := true
 		for _, e := range errs[firstFail:] {
 			suffix = suffix && e != nil
 		}
-		if suffix && p.retryable(err, q.key != "") && time.Now().Add(backoff).Before(deadline) {
-			p.t.c.cfg.logger.Debug("publish failed; retrying in order", "topic", p.t.id, "key", q.key, "messages", len(batch), "err", err)
+		if suffix && p.retryable(err, b.key() != "") && time.Now().Add(backoff).Before(deadline) {
+			p.t.c.cfg.logger.Debug("publish failed; retrying in order", "topic", p.t.id, "key", b.key(), "messages", len(items), "err", err)
 			time.Sleep(backoff)
 			backoff = min(2*backoff, 2*time.Second)
 			continue
 		}
-		p.fail(q, batch, errs[firstFail:], p.t.publishError(err))
+		p.fail(b, items, errs[firstFail:], p.t.publishError(err))
 		return
 	}
-	p.mu.Lock()
-	q.inFlight = false
-	p.schedule(q)
-	p.drainedLocked(q)
-	p.mu.Unlock()
+	p.queues.finish(b, nil)
 }
 
 // pipeline publishes batch asynchronously and waits for every ack. It
@@ -340,12 +222,13 @@ func (p *publisher) complete(items []*pubItem, err error) {
 	}
 }
 
-// fail ends a batch that cannot be stored in order: its messages fail, and
-// for a keyed batch the key is paused, failing everything queued behind.
-func (p *publisher) fail(q *keyQueue, batch []*pubItem, errs []error, cause error) {
-	for i, it := range batch {
+// fail ends a batch that cannot be stored in order: its messages from the
+// first failure on (items, with their errors errs) fail, and for a keyed
+// batch the key is paused, failing everything queued behind.
+func (p *publisher) fail(b *batch, items []*pubItem, errs []error, cause error) {
+	for i, it := range items {
 		err := cause
-		if errs[i] == nil && q.key == "" {
+		if errs[i] == nil && b.key() == "" {
 			p.complete([]*pubItem{it}, nil) // unkeyed: no order to lose
 			continue
 		}
@@ -356,61 +239,16 @@ func (p *publisher) fail(q *keyQueue, batch []*pubItem, errs []error, cause erro
 		}
 		p.complete([]*pubItem{it}, err)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	q.inFlight = false
-	if q.key != "" {
-		q.paused = fmt.Errorf("%w %q: %w", ErrPublishingPaused, q.key, cause)
-		pending := q.pending
-		q.pending, q.bytes = nil, 0
-		for _, it := range pending {
-			p.flow.release(it.size)
-			it.result.set("", q.paused)
-		}
-	} else {
-		p.schedule(q)
-	}
-	p.drainedLocked(q)
-}
-
-// drainedLocked forgets an empty, unpaused queue and wakes Flush.
-func (p *publisher) drainedLocked(q *keyQueue) {
-	if !q.inFlight && len(q.pending) == 0 {
-		if q.paused == nil {
-			delete(p.keys, q.key)
-		}
-		p.idle.Broadcast()
-	}
+	p.queues.finish(b, cause)
 }
 
 // flush sends everything queued and waits until it is stored or failed.
-func (p *publisher) flush() {
-	done := p.hurry()
-	defer done()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.busyLocked() {
-		p.idle.Wait()
-	}
-}
+func (p *publisher) flush() { p.queues.flush() }
 
-func (p *publisher) busyLocked() bool {
-	for _, q := range p.keys {
-		if q.inFlight || len(q.pending) > 0 {
-			return true
-		}
-	}
-	return false
-}
+// stop flushes and refuses later messages with ErrTopicStopped.
+func (p *publisher) stop() { p.queues.stop() }
 
-func (p *publisher) resume(key string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if q := p.keys[key]; q != nil && q.paused != nil {
-		q.paused = nil
-		p.drainedLocked(q)
-	}
-}
+func (p *publisher) resume(key string) { p.queues.resume(key) }
 
 // noLibraryRetry turns off nats.go's own re-send on "no responders": it
 // re-sends each message from its own timer, in no particular order, which
@@ -450,81 +288,4 @@ func transient(err error) bool {
 		return apiErr.Code == 503
 	}
 	return false
-}
-
-// flowController bounds the messages and bytes between Publish and their
-// results.
-type flowController struct {
-	cfg   FlowControlSettings
-	mu    sync.Mutex
-	cond  *sync.Cond
-	msgs  int
-	bytes int
-}
-
-func newFlowController(cfg FlowControlSettings) *flowController {
-	f := &flowController{cfg: cfg}
-	f.cond = sync.NewCond(&f.mu)
-	return f
-}
-
-func (f *flowController) fits(size int) bool {
-	if f.msgs == 0 {
-		return true // one message always goes, however large
-	}
-	return (f.cfg.MaxOutstandingMessages < 0 || f.msgs+1 <= f.cfg.MaxOutstandingMessages) &&
-		(f.cfg.MaxOutstandingBytes < 0 || f.bytes+size <= f.cfg.MaxOutstandingBytes)
-}
-
-// acquire takes room for one message of size bytes. Before it blocks it
-// calls onBlock, without holding f.mu, and calls the func that returns once
-// it stops waiting.
-func (f *flowController) acquire(ctx context.Context, size int, onBlock func() (done func())) error {
-	f.mu.Lock()
-	if err := ctx.Err(); err != nil {
-		f.mu.Unlock()
-		return err
-	}
-	if f.fits(size) {
-		f.take(size)
-		f.mu.Unlock()
-		return nil
-	}
-	if f.cfg.LimitExceededBehavior == FlowControlSignalError {
-		err := fmt.Errorf("%w: %d messages, %d bytes outstanding", ErrFlowControlLimit, f.msgs, f.bytes)
-		f.mu.Unlock()
-		return err
-	}
-	f.mu.Unlock()
-	done := onBlock()
-	defer done() // runs after f.mu.Unlock below: done takes the publisher's lock
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	stop := context.AfterFunc(ctx, func() {
-		f.mu.Lock()
-		f.cond.Broadcast()
-		f.mu.Unlock()
-	})
-	defer stop()
-	for !f.fits(size) {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		f.cond.Wait()
-	}
-	f.take(size)
-	return nil
-}
-
-func (f *flowController) take(size int) {
-	f.msgs++
-	f.bytes += size
-}
-
-func (f *flowController) release(size int) {
-	f.mu.Lock()
-	f.msgs--
-	f.bytes -= size
-	f.cond.Broadcast()
-	f.mu.Unlock()
 }

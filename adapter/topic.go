@@ -142,7 +142,9 @@ func (t *Topic) publisher() *publisher {
 		t.pub = newPublisher(t, t.PublishSettings)
 		// Client.Close stops the handles it knows; one first used after
 		// Close is stopped from the start.
-		t.pub.stopped = !t.c.trackTopic(t)
+		if !t.c.trackTopic(t) {
+			t.pub.stop() // nothing is queued yet: it only refuses
+		}
 	})
 	return t.pub
 }
@@ -411,11 +413,7 @@ func (t *Topic) Flush() { t.publisher().flush() }
 // Stop flushes and refuses later publishes with ErrTopicStopped.
 // Client.Close stops every handle of the client that has published.
 func (t *Topic) Stop() {
-	p := t.publisher()
-	p.mu.Lock()
-	p.stopped = true
-	p.mu.Unlock()
-	p.flush()
+	t.publisher().stop()
 	t.c.untrackTopic(weak.Make(t))
 }
 
