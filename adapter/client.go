@@ -146,13 +146,9 @@ func WithPublishAckTimeout(d time.Duration) Option {
 	}
 }
 
-// DefaultCloseTimeout is how long Close waits, unless WithCloseTimeout
-// says otherwise.
-const DefaultCloseTimeout = 30 * time.Second
-
 // WithCloseTimeout sets how long Close waits for the client's Receive calls
 // and topic publishers to finish before it returns ErrCloseTimeout.
-// Default DefaultCloseTimeout.
+// Default 30s.
 func WithCloseTimeout(d time.Duration) Option {
 	return func(c *clientConfig) error {
 		if d <= 0 {
@@ -189,7 +185,7 @@ func NewClient(nc *nats.Conn, project string, opts ...Option) (*Client, error) {
 		idleTimeout:  5 * time.Second,
 		apiTimeout:   10 * time.Second,
 		ackTimeout:   5 * time.Second,
-		closeTimeout: DefaultCloseTimeout,
+		closeTimeout: 30 * time.Second,
 		createWorker: 32,
 	}
 	for _, o := range opts {

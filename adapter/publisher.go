@@ -26,18 +26,23 @@ const (
 	FlowControlSignalError
 )
 
-// Defaults of the batching and flow control settings.
-const (
-	DefaultDelayThreshold         = 10 * time.Millisecond
-	DefaultCountThreshold         = 100
-	DefaultByteThreshold          = 1 << 20
-	DefaultMaxOutstandingMessages = 10000
-	DefaultMaxOutstandingBytes    = 64 << 20
-	DefaultPublishTimeout         = 60 * time.Second
-	// MaxPublishTimeout keeps retries inside the topic stream's 2-minute
-	// duplicate window.
-	MaxPublishTimeout = 90 * time.Second
-)
+// DefaultPublishSettings are the batching, timeout and flow control
+// settings a Topic handle publishes with: every zero field of
+// Topic.PublishSettings takes its value from here.
+var DefaultPublishSettings = PublishSettings{
+	DelayThreshold: 10 * time.Millisecond,
+	CountThreshold: 100,
+	ByteThreshold:  1 << 20,
+	Timeout:        60 * time.Second,
+	FlowControlSettings: FlowControlSettings{
+		MaxOutstandingMessages: 10000,
+		MaxOutstandingBytes:    64 << 20,
+	},
+}
+
+// MaxPublishTimeout keeps retries inside the topic stream's 2-minute
+// duplicate window: a longer PublishSettings.Timeout is cut to it.
+const MaxPublishTimeout = 90 * time.Second
 
 // publisher batches a Topic handle's messages per ordering key and sends
 // each key's batches one at a time, in Publish order. Within a batch the
@@ -58,26 +63,26 @@ type publisher struct {
 
 func newPublisher(t *Topic, cfg PublishSettings) *publisher {
 	if cfg.DelayThreshold <= 0 {
-		cfg.DelayThreshold = DefaultDelayThreshold
+		cfg.DelayThreshold = DefaultPublishSettings.DelayThreshold
 	}
 	if cfg.CountThreshold <= 0 {
-		cfg.CountThreshold = DefaultCountThreshold
+		cfg.CountThreshold = DefaultPublishSettings.CountThreshold
 	}
 	if cfg.ByteThreshold <= 0 {
-		cfg.ByteThreshold = DefaultByteThreshold
+		cfg.ByteThreshold = DefaultPublishSettings.ByteThreshold
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultPublishTimeout
+		cfg.Timeout = DefaultPublishSettings.Timeout
 	}
 	// A retry after the stream's duplicate window could store a message
 	// twice.
 	cfg.Timeout = min(cfg.Timeout, MaxPublishTimeout)
 	fc := cfg.FlowControlSettings
 	if fc.MaxOutstandingMessages == 0 {
-		fc.MaxOutstandingMessages = DefaultMaxOutstandingMessages
+		fc.MaxOutstandingMessages = DefaultPublishSettings.FlowControlSettings.MaxOutstandingMessages
 	}
 	if fc.MaxOutstandingBytes == 0 {
-		fc.MaxOutstandingBytes = DefaultMaxOutstandingBytes
+		fc.MaxOutstandingBytes = DefaultPublishSettings.FlowControlSettings.MaxOutstandingBytes
 	}
 	sender := cfg.SenderID
 	if sender == uuid.Nil {

@@ -27,12 +27,13 @@ import (
 // are bounded by the adapter (the NATS server's max_payload).
 const DefaultMaxBodyBytes = 10 << 20
 
+// publishTimeout bounds a request's wait for its messages to be stored. It
+// is a little longer than the adapter's own bound on retries, so a message
+// that fails for good is answered with its own error rather than with a
+// deadline.
+var publishTimeout = adapter.DefaultPublishSettings.Timeout + 5*time.Second
+
 const (
-	// publishTimeout bounds a request's wait for its messages to be
-	// stored. It is a little longer than the adapter's own bound on
-	// retries, so a message that fails for good is answered with its own
-	// error rather than with a deadline.
-	publishTimeout = adapter.DefaultPublishTimeout + 5*time.Second
 	// readyTimeout bounds a Config.Ready call.
 	readyTimeout = 5 * time.Second
 	// metricsContentType is the Prometheus text exposition format.
@@ -91,7 +92,7 @@ type api struct {
 
 // New returns the HTTP API's handler (routes in the package comment). It
 // is safe for concurrent use; every publish waits until its messages are
-// stored, for at most a little over adapter.DefaultPublishTimeout, and
+// stored, for at most a little over adapter.DefaultPublishSettings.Timeout, and
 // ends early when the request's context does. New panics if cfg.Broker is
 // nil.
 func New(cfg Config) http.Handler {
