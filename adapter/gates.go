@@ -254,11 +254,16 @@ func (g *gates) holdsUnacked(seq uint64) bool {
 	return ok && !d.ackSent
 }
 
+// liftable reports whether lift(n, a) would lift the fence.
+func (g *gates) liftable(n int, a consumerAnswer) bool {
+	return g.fences == n && !g.stopping && g.othersSettled(a)
+}
+
 // lift ends fence n if it is still the current one and a, the server's
 // answer, shows every unacked message held here. It returns whether the
 // fence was lifted and what may start now.
 func (g *gates) lift(n int, a consumerAnswer) (lifted bool, start []*delivery) {
-	if g.fences != n || g.stopping || !g.othersSettled(a) {
+	if !g.liftable(n, a) {
 		return false, nil
 	}
 	g.fenced = false

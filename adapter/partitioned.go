@@ -7,7 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -66,14 +68,20 @@ type partitionedMode struct {
 	confirmQ    []*delivery // acked, waiting for the server to have the ack
 	confirmWake chan struct{}
 
-	loops   sync.WaitGroup // confirmAcks, fence and pin checks
+	loops   sync.WaitGroup // confirmAcks, watchPins, fence and pin checks
 	stopped chan struct{}  // closed by stop: loops end
+
+	// Fast take-over (takeover.go): this receiver's id, its presence
+	// subscription and the partitions' owner records.
+	rid      string
+	presence *nats.Subscription
+	owners   jetstream.KeyValue
 }
 
 var _ deliveryMode = (*partitionedMode)(nil)
 
 func newPartitionedMode(r *receiver) *partitionedMode {
-	return &partitionedMode{r: r, confirmWake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	return &partitionedMode{r: r, confirmWake: make(chan struct{}, 1), stopped: make(chan struct{}), rid: nuid.Next()}
 }
 
 // partition is one partition of a partitioned subscription, as one Receive
@@ -89,6 +97,9 @@ type partition struct {
 
 	mu sync.Mutex // guards everything below, and the partition fields of its deliveries
 	g  *gates
+	// recordedPin is the pin this receiver last wrote in the partition's
+	// owner record.
+	recordedPin string
 	// checkingPin is set while checkPin asks the server who owns it.
 	checkingPin bool
 	// what report last added to the shared stats
@@ -105,6 +116,9 @@ func (m *partitionedMode) start(ctx context.Context) error {
 	r := m.r
 	stream, err := r.c.js.Stream(ctx, r.rec.stream())
 	if err != nil {
+		return err
+	}
+	if err := m.startPresence(ctx); err != nil {
 		return err
 	}
 	for i := range r.rec.Partitions {
@@ -127,8 +141,9 @@ func (m *partitionedMode) start(ctx context.Context) error {
 		}
 		m.ccs = append(m.ccs, cc)
 	}
-	m.loops.Add(1)
+	m.loops.Add(2)
 	go m.confirmAcks()
+	go m.watchPins()
 	return nil
 }
 
@@ -191,6 +206,10 @@ func (m *partitionedMode) end(deadline time.Time) {
 			_ = p.stream.UnpinConsumer(ctx, p.cons.CachedInfo().Name, partitionGroup)
 		}
 		cancel()
+	}
+	if m.presence != nil {
+		// Nothing of ours is unacked any more.
+		_ = m.presence.Unsubscribe()
 	}
 }
 
@@ -373,6 +392,7 @@ func (p *partition) fence(n int) {
 	defer p.m.loops.Done()
 	began := time.Now()
 	polls := 0
+	var freeChecked time.Time // when freeGoneOwners last looked
 	// Soon at first: a clean take-over (the first term, or an owner that
 	// handed everything back) clears as soon as the pulled batch is in.
 	wait := 2 * time.Millisecond
@@ -399,7 +419,25 @@ func (p *partition) fence(n int) {
 			p.mu.Unlock()
 			return
 		}
-		if err == nil {
+		liftable := err == nil && p.g.liftable(n, a)
+		pin, recorded := p.g.pin, p.recordedPin
+		p.mu.Unlock()
+		if liftable && pin != recorded {
+			// Recorded before any handler of the term starts, so that a
+			// later owner asks whether this receiver is gone, not the one
+			// before it.
+			rctx, rcancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
+			if err = p.recordOwner(rctx, pin); err != nil {
+				liftable = false
+				r.c.cfg.logger.Debug("owner record not written; the fence stays", "subscription", r.sub.id, "partition", p.index, "err", err)
+			}
+			rcancel()
+		}
+		p.mu.Lock()
+		if liftable {
+			p.recordedPin = pin
+		}
+		if liftable {
 			if lifted, start := p.g.lift(n, a); lifted {
 				p.reportLocked()
 				p.mu.Unlock()
@@ -410,6 +448,18 @@ func (p *partition) fence(n int) {
 				}
 				return
 			}
+		}
+		// Once the term's first pulled batch is in (what is in flight to us
+		// would be delivered twice), and again every second.
+		if err == nil && !liftable && time.Since(began) > 100*time.Millisecond && time.Since(freeChecked) > time.Second {
+			p.mu.Unlock()
+			freeChecked = time.Now()
+			fctx, fcancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
+			if p.freeGoneOwners(fctx, info) {
+				wait = time.Millisecond // they come back at once
+			}
+			fcancel()
+			p.mu.Lock()
 		}
 		if polls++; polls%40 == 0 {
 			r.c.cfg.logger.Debug("partition waits for the previous owner's messages", "subscription", r.sub.id, "partition", p.index,

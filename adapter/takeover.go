@@ -1,0 +1,199 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Fast take-over of a partition whose owner is gone.
+//
+// Left to the server, a partition whose owner dies waits twice: its pin
+// stays with the dead client for the consumer's PinnedTTL, and the new
+// owner's fence waits for every message the dead owner held to come back
+// at its ack deadline. Both waits are only needed while the old owner may
+// still act. So each owner, before its first handler of a term starts,
+// records itself in the partition's owner record (receiver id and pin),
+// and every receiver answers on a presence subject of its own while it
+// runs. A receiver whose presence subject has no responder has no
+// connection to NATS: it cannot ack, nack or extend anything. Then:
+//
+//   - a receiver that does not own the partition, sees messages waiting
+//     and the pin held by the recorded owner, unpins the partition when
+//     that owner is gone, and the server pins its own waiting pull request;
+//   - a fenced owner whose recorded predecessor is gone nacks every unacked
+//     message of the partition it does not hold itself, and the server
+//     redelivers them to it at once, instead of at their ack deadline.
+//
+// The fence itself is unchanged: the new owner still starts nothing until
+// every unacked message of the partition is in its hands. What changes is
+// only how soon a dead owner's messages come back. A receiver that is not
+// dead but lost its connection (a network partition, not a crash) is taken
+// for dead too: a message its handler still runs is delivered again to the
+// new owner before its ack deadline passed, as the Pub/Sub service does
+// once a deadline passes (docs/RELIABILITY.md).
+
+// presenceRoot is the first tokens of every receiver's presence subject.
+const presenceRoot = "_jetorder.receiver."
+
+// ownerRecord is who owns a partition, as the owner wrote it before its
+// first handler of a term started.
+type ownerRecord struct {
+	receiver, pin string
+}
+
+func (o ownerRecord) String() string { return o.receiver + " " + o.pin }
+
+func parseOwnerRecord(v []byte) (ownerRecord, bool) {
+	rid, pin, ok := strings.Cut(string(v), " ")
+	return ownerRecord{rid, pin}, ok && rid != ""
+}
+
+// ownerKey is the state bucket key of partition i's owner record.
+func (m *partitionedMode) ownerKey(i int) string {
+	return m.r.sub.kvKey() + ".owners.e" + strconv.FormatUint(m.r.rec.Epoch, 10) + ".p" + strconv.Itoa(i)
+}
+
+// startPresence opens the owner records' bucket and starts answering on
+// this receiver's presence subject.
+func (m *partitionedMode) startPresence(ctx context.Context) error {
+	kv, err := m.r.c.openBucket(ctx, jetstream.KeyValueConfig{
+		Bucket:      stateBucket,
+		Description: "jetorder per-subscription state of the layers above the adapter",
+		Storage:     jetstream.FileStorage,
+		Replicas:    m.r.c.cfg.replicas,
+	})
+	if err != nil {
+		return err
+	}
+	m.owners = kv
+	m.presence, err = m.r.c.nc.Subscribe(presenceRoot+m.rid, func(msg *nats.Msg) { _ = msg.Respond(nil) })
+	if err != nil {
+		return fmt.Errorf("presence: %w", err)
+	}
+	return nil
+}
+
+// gone reports whether the receiver rid is certainly gone: the server has
+// no subscription for its presence subject ("no responders"). Any other
+// outcome, a timeout included, says it may be alive.
+func (m *partitionedMode) gone(ctx context.Context, rid string) bool {
+	if rid == m.rid {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	_, err := m.r.c.nc.RequestWithContext(ctx, presenceRoot+rid, nil)
+	return errors.Is(err, nats.ErrNoResponders)
+}
+
+// recordedOwner reads partition p's owner record.
+func (p *partition) recordedOwner(ctx context.Context) (ownerRecord, bool) {
+	e, err := p.m.owners.Get(ctx, p.m.ownerKey(p.index))
+	if err != nil {
+		return ownerRecord{}, false
+	}
+	return parseOwnerRecord(e.Value())
+}
+
+// recordOwner writes this receiver, with pin, as partition p's owner.
+func (p *partition) recordOwner(ctx context.Context, pin string) error {
+	_, err := p.m.owners.Put(ctx, p.m.ownerKey(p.index), []byte(ownerRecord{p.m.rid, pin}.String()))
+	return err
+}
+
+// freeGoneOwners nacks, when the partition's recorded owner is another
+// receiver that is gone, every unacked message of the partition that this
+// receiver does not hold, so that the server redelivers it here now
+// instead of at its ack deadline. info is the consumer's, taken by the
+// fence. It reports whether it nacked anything.
+func (p *partition) freeGoneOwners(ctx context.Context, info *jetstream.ConsumerInfo) bool {
+	rec, ok := p.recordedOwner(ctx)
+	if !ok || !p.m.gone(ctx, rec.receiver) {
+		return false
+	}
+	r := p.r
+	name := info.Name
+	// Any delivery sequence from the consumer's ack floor to its last
+	// delivery is one the server takes a nack by; the nack names the
+	// message by its stream sequence.
+	prefix := fmt.Sprintf("$JS.ACK.%s.%s.1.", info.Stream, name)
+	suffix := fmt.Sprintf(".%d.%d.0", info.Delivered.Consumer, time.Now().UnixNano())
+	limit := 4 * max(r.rec.PartitionBuffer, 1)
+	nacked := 0
+	for seq, n := info.AckFloor.Stream+1, 0; seq <= info.Delivered.Stream && n < limit; n++ {
+		found, err := r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: seq, NextBySubj: info.Config.FilterSubject})
+		if err != nil || found > info.Delivered.Stream {
+			break
+		}
+		p.mu.Lock()
+		_, held := p.g.held[found]
+		p.mu.Unlock()
+		if !held {
+			_ = r.c.nc.Publish(prefix+strconv.FormatUint(found, 10)+suffix, ackPayload[ackNak])
+			nacked++
+		}
+		seq = found + 1
+	}
+	if nacked > 0 {
+		r.c.cfg.logger.Info("previous owner of partition is gone: its unacked messages are delivered again now",
+			"subscription", r.sub.id, "partition", p.index, "previous_owner", rec.receiver, "messages", nacked)
+	}
+	return nacked > 0
+}
+
+// watchPins unpins, twice a second, a partition that has messages waiting
+// while its pin is held by a recorded owner that is gone, so that a
+// receiver of this process takes it over without waiting for the pin's
+// TTL. A partition this receiver owns is not looked at.
+func (m *partitionedMode) watchPins() {
+	defer m.loops.Done()
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		for _, p := range m.parts {
+			p.mu.Lock()
+			owned := p.g.pin != ""
+			p.mu.Unlock()
+			if !owned {
+				p.unpinIfGone()
+			}
+		}
+		select {
+		case <-t.C:
+		case <-m.stopped:
+			return
+		}
+	}
+}
+
+// unpinIfGone unpins p if it is pinned to a recorded owner that is gone
+// while messages wait.
+func (p *partition) unpinIfGone() {
+	r := p.r
+	ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 2*time.Second))
+	defer cancel()
+	info, err := p.cons.Info(ctx)
+	if err != nil {
+		return
+	}
+	pinned := pinnedIn(info)
+	if pinned == "" || (info.NumPending == 0 && info.NumAckPending == 0) {
+		return
+	}
+	rec, ok := p.recordedOwner(ctx)
+	if !ok || rec.pin != pinned || !p.m.gone(ctx, rec.receiver) {
+		return
+	}
+	if err := p.stream.UnpinConsumer(ctx, info.Name, partitionGroup); err != nil {
+		r.c.cfg.logger.Debug("unpin of a gone owner's partition failed", "subscription", r.sub.id, "partition", p.index, "err", err)
+		return
+	}
+	r.c.cfg.logger.Info("partition owner is gone: unpinned it to take it over", "subscription", r.sub.id, "partition", p.index, "previous_owner", rec.receiver)
+}
