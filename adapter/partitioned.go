@@ -68,7 +68,7 @@ type partitionedMode struct {
 	confirmQ    []*delivery // acked, waiting for the server to have the ack
 	confirmWake chan struct{}
 
-	loops   sync.WaitGroup // confirmAcks, watchPins, fence and pin checks
+	loops   sync.WaitGroup // confirmAcks, watchOwners, fence and pin checks
 	stopped chan struct{}  // closed by stop: loops end
 
 	// Fast take-over (takeover.go): this receiver's id, its presence
@@ -143,7 +143,7 @@ func (m *partitionedMode) start(ctx context.Context) error {
 	}
 	m.loops.Add(2)
 	go m.confirmAcks()
-	go m.watchPins()
+	go m.watchOwners()
 	return nil
 }
 

@@ -110,20 +110,25 @@ func (p *partition) recordOwner(ctx context.Context, pin string) error {
 
 // freeGoneOwners nacks, when the partition's recorded owner is another
 // receiver that is gone, every unacked message of the partition that this
-// receiver does not hold, so that the server redelivers it here now
-// instead of at its ack deadline. info is the consumer's, taken by the
-// fence. It reports whether it nacked anything.
+// receiver does not hold, so that the server redelivers it now instead of
+// at its ack deadline. info is the consumer's, taken by the fence. It
+// reports whether it nacked anything.
 func (p *partition) freeGoneOwners(ctx context.Context, info *jetstream.ConsumerInfo) bool {
 	rec, ok := p.recordedOwner(ctx)
 	if !ok || !p.m.gone(ctx, rec.receiver) {
 		return false
 	}
+	return p.nackUnheld(ctx, info, rec) > 0
+}
+
+// nackUnheld nacks every unacked message of the partition, as of info,
+// that this receiver does not hold; rec is the gone owner, for the log.
+func (p *partition) nackUnheld(ctx context.Context, info *jetstream.ConsumerInfo, rec ownerRecord) int {
 	r := p.r
-	name := info.Name
 	// Any delivery sequence from the consumer's ack floor to its last
 	// delivery is one the server takes a nack by; the nack names the
 	// message by its stream sequence.
-	prefix := fmt.Sprintf("$JS.ACK.%s.%s.1.", info.Stream, name)
+	prefix := fmt.Sprintf("$JS.ACK.%s.%s.1.", info.Stream, info.Name)
 	suffix := fmt.Sprintf(".%d.%d.0", info.Delivered.Consumer, time.Now().UnixNano())
 	limit := 4 * max(r.rec.PartitionBuffer, 1)
 	nacked := 0
@@ -145,14 +150,17 @@ func (p *partition) freeGoneOwners(ctx context.Context, info *jetstream.Consumer
 		r.c.cfg.logger.Info("previous owner of partition is gone: its unacked messages are delivered again now",
 			"subscription", r.sub.id, "partition", p.index, "previous_owner", rec.receiver, "messages", nacked)
 	}
-	return nacked > 0
+	return nacked
 }
 
-// watchPins unpins, twice a second, a partition that has messages waiting
-// while its pin is held by a recorded owner that is gone, so that a
-// receiver of this process takes it over without waiting for the pin's
-// TTL. A partition this receiver owns is not looked at.
-func (m *partitionedMode) watchPins() {
+// watchOwners looks, twice a second, at every partition this receiver does
+// not own: when it has messages waiting or unacked, and its recorded owner
+// is gone, it unpins the partition if the gone owner holds the pin, so
+// that the server pins a waiting pull request instead of waiting for the
+// pin's TTL, and nacks its unacked messages, so that they come back now.
+// (With nothing new to deliver, no message would reach a new owner, and
+// its fence never start, before their ack deadline.)
+func (m *partitionedMode) watchOwners() {
 	defer m.loops.Done()
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
@@ -162,7 +170,7 @@ func (m *partitionedMode) watchPins() {
 			owned := p.g.pin != ""
 			p.mu.Unlock()
 			if !owned {
-				p.unpinIfGone()
+				p.takeFromGone()
 			}
 		}
 		select {
@@ -173,27 +181,30 @@ func (m *partitionedMode) watchPins() {
 	}
 }
 
-// unpinIfGone unpins p if it is pinned to a recorded owner that is gone
-// while messages wait.
-func (p *partition) unpinIfGone() {
+// takeFromGone frees p from a recorded owner that is gone (watchOwners).
+func (p *partition) takeFromGone() {
 	r := p.r
 	ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 2*time.Second))
 	defer cancel()
 	info, err := p.cons.Info(ctx)
-	if err != nil {
+	if err != nil || (info.NumPending == 0 && info.NumAckPending == 0) {
 		return
 	}
 	pinned := pinnedIn(info)
-	if pinned == "" || (info.NumPending == 0 && info.NumAckPending == 0) {
-		return
-	}
 	rec, ok := p.recordedOwner(ctx)
-	if !ok || rec.pin != pinned || !p.m.gone(ctx, rec.receiver) {
+	// Pinned to another than the recorded owner: a new owner, which records
+	// itself once its fence lifts, is taking over.
+	if !ok || (pinned != "" && pinned != rec.pin) || !p.m.gone(ctx, rec.receiver) {
 		return
 	}
-	if err := p.stream.UnpinConsumer(ctx, info.Name, partitionGroup); err != nil {
-		r.c.cfg.logger.Debug("unpin of a gone owner's partition failed", "subscription", r.sub.id, "partition", p.index, "err", err)
-		return
+	if pinned != "" {
+		if err := p.stream.UnpinConsumer(ctx, info.Name, partitionGroup); err != nil {
+			r.c.cfg.logger.Debug("unpin of a gone owner's partition failed", "subscription", r.sub.id, "partition", p.index, "err", err)
+			return
+		}
+		r.c.cfg.logger.Info("partition owner is gone: unpinned it to take it over", "subscription", r.sub.id, "partition", p.index, "previous_owner", rec.receiver)
 	}
-	r.c.cfg.logger.Info("partition owner is gone: unpinned it to take it over", "subscription", r.sub.id, "partition", p.index, "previous_owner", rec.receiver)
+	if info.NumAckPending > 0 {
+		p.nackUnheld(ctx, info, rec)
+	}
 }

@@ -108,11 +108,15 @@ type failover struct {
 
 // newFailover returns once A holds held|0 and has acked every "other"
 // message, with B receiving.
-func newFailover(t *testing.T) *failover {
-	opts := []adapter.Option{adapter.WithFailoverTimeout(3 * time.Second)}
+func newFailover(t *testing.T) *failover { return newFailoverWith(t, 2*time.Second, 3*time.Second) }
+
+// newFailoverWith is newFailover with the subscription's ack deadline and
+// the clients' failover timeout.
+func newFailoverWith(t *testing.T, ackDeadline, failoverTimeout time.Duration) *failover {
+	opts := []adapter.Option{adapter.WithFailoverTimeout(failoverTimeout)}
 	f := &failover{e: newEnv(t, opts...), log: &partLog{}, release: make(chan struct{}, 1)}
 	f.topic = f.e.createTopic("failover")
-	f.e.createSub("failover-sub", adapter.SubscriptionConfig{Topic: f.topic, EnableMessageOrdering: true, AckDeadline: 2 * time.Second,
+	f.e.createSub("failover-sub", adapter.SubscriptionConfig{Topic: f.topic, EnableMessageOrdering: true, AckDeadline: ackDeadline,
 		Delivery: adapter.DeliveryPartitioned, Partitions: 1})
 	var cA, cB *adapter.Client
 	f.ncA, cA = f.e.connect(opts...)
@@ -166,14 +170,32 @@ func (f *failover) checkHeldOrder(t *testing.T, since time.Time) {
 
 // TestPartitionOwnerDiesWithMessageInHandler: A's connection closes (the
 // process is gone, as far as NATS can tell) while its handler still holds
-// held|0. B takes the partition over once A's pin times out; held|1 must
-// not start before held|0 has come back to B (after its ack deadline) and
-// been acked.
+// held|0. B takes the partition over; held|1 must not start before held|0
+// has come back to B and been acked.
 func TestPartitionOwnerDiesWithMessageInHandler(t *testing.T) {
 	f := newFailover(t)
 	killed := time.Now()
 	f.ncA.Close()
 	f.publishOthers(t, 3)
+	f.checkHeldOrder(t, killed)
+	if zero, ok := f.log.first("B", "held", 0); !ok || zero.attempt < 2 {
+		t.Fatalf("B did not get held|0 back (got it: %v, attempt %d):\n%s", ok, zero.attempt, f.log)
+	}
+}
+
+// TestPartitionTakeOverFromGoneOwner: as above, with a long ack deadline
+// and failover timeout. B sees that A, the recorded owner, is gone (no
+// responder on its presence subject): it unpins the partition and nacks
+// A's unacked messages, so held|0 comes back to it within a second or two,
+// not after the pin's TTL (10 s) or held|0's ack deadline (60 s), and the
+// fence still keeps held|1 behind it.
+func TestPartitionTakeOverFromGoneOwner(t *testing.T) {
+	f := newFailoverWith(t, time.Minute, 10*time.Second)
+	killed := time.Now()
+	f.ncA.Close()
+	f.publishOthers(t, 3)
+	testutil.Eventually(t, 5*time.Second, func() bool { _, ok := f.log.ackedAt("held", 1); return ok },
+		"held|1 not acked within 5 s of A's death (pin TTL 10 s, ack deadline 60 s): %s", f.log.String)
 	f.checkHeldOrder(t, killed)
 	if zero, ok := f.log.first("B", "held", 0); !ok || zero.attempt < 2 {
 		t.Fatalf("B did not get held|0 back (got it: %v, attempt %d):\n%s", ok, zero.attempt, f.log)
