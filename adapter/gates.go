@@ -30,7 +30,20 @@ type gates struct {
 
 	held map[uint64]*delivery // by stream sequence
 	keys map[string]*keyGate  // by subject
+
+	// done is, for keys whose messages were acked here lately, the
+	// highest stream sequence acked (the server confirmed it); doneOrder
+	// is those keys oldest first, so that done stays at most doneCap.
+	done      map[string]uint64
+	doneOrder []string
 }
+
+// doneCap bounds the keys a partition remembers acks of. A NATS server
+// that restarts after a crash may have lost its latest acks, and then
+// redelivers messages acked before it died: those of a key remembered are
+// acked again and dropped instead of handed to a handler after later
+// messages of their key.
+const doneCap = 4096
 
 // keyGate is one key's messages in an owned partition.
 type keyGate struct {
@@ -49,7 +62,7 @@ type keyGate struct {
 func (g *keyGate) idle() bool { return g.active == nil && g.awaiting == 0 && len(g.waiting) == 0 }
 
 func newGates() *gates {
-	return &gates{held: make(map[uint64]*delivery), keys: make(map[string]*keyGate)}
+	return &gates{held: make(map[uint64]*delivery), keys: make(map[string]*keyGate), done: make(map[string]uint64)}
 }
 
 // arrival is what the gates decided about a delivered message.
@@ -58,6 +71,7 @@ type arrivalVerdict int
 const (
 	admitted  arrivalVerdict = iota // held; start what was returned
 	duplicate                       // a redelivery of a message held here: keep the copy we have
+	acked                           // a redelivery of a message acked here, whose key has moved on: ack it again, unseen
 	handBack                        // Receive is ending: hand it back for good
 	staleTerm                       // sent in a term that ended: nack it, and ask who owns the partition
 )
@@ -102,6 +116,13 @@ func (g *gates) arrive(d *delivery, pin string) (v arrivalVerdict, start []*deli
 		// elsewhere beside our handler.
 		held.dseq = d.dseq
 		return duplicate, nil, cause
+	}
+	if done, ok := g.done[d.subject]; ok && d.key.seq <= done {
+		// The key's later message was acked here after this one was, and
+		// the server confirmed it: the server lost this one's ack (a
+		// restart after a crash). Handing it to a handler now would put
+		// it after its successors.
+		return acked, nil, cause
 	}
 	if g.stopping {
 		return handBack, nil, cause
@@ -175,6 +196,9 @@ func (g *gates) release(d *delivery, settled bool, now time.Time) []*delivery {
 		return g.pump(d.subject, k, nil)
 	}
 	delete(g.held, d.key.seq)
+	if settled {
+		g.ackedHere(d)
+	}
 	k := g.keys[d.subject]
 	if k == nil {
 		return nil
@@ -189,6 +213,24 @@ func (g *gates) release(d *delivery, settled bool, now time.Time) []*delivery {
 		k.waiting = slices.Delete(k.waiting, i, i+1)
 	}
 	return g.pump(d.subject, k, nil)
+}
+
+// ackedHere remembers that d, held here, was acked and the server
+// confirmed it.
+func (g *gates) ackedHere(d *delivery) {
+	prev, ok := g.done[d.subject]
+	if ok && prev >= d.key.seq {
+		return
+	}
+	if !ok {
+		if len(g.doneOrder) >= doneCap {
+			delete(g.done, g.doneOrder[0])
+			g.doneOrder[0] = ""
+			g.doneOrder = g.doneOrder[1:]
+		}
+		g.doneOrder = append(g.doneOrder, d.subject)
+	}
+	g.done[d.subject] = d.key.seq
 }
 
 // markAckSent records that d's ack is on its way: the fence no longer

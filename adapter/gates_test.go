@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -361,6 +362,45 @@ func TestGatesMessageRemovedByRetention(t *testing.T) {
 	moved, start := b.g.goneAnswer(w, true)
 	if !moved || !slices.Equal(seqs(start), []uint64{11}) {
 		t.Fatalf("moved %v, started %v: want k|11 after two 'not found' in a row", moved, seqs(start))
+	}
+}
+
+func TestGatesServerLostAcks(t *testing.T) {
+	// The NATS server restarted after a crash with an older state of the
+	// consumer: k|10 and k|11 were acked here (and confirmed), but the
+	// server delivers them again while k|12 is in a handler. Handing them
+	// to a handler would put them after k|12: they are acked again, unseen.
+	b := owned(t)
+	k10, k11, k12 := msg("k", 10, 2), msg("k", 11, 3), msg("k", 12, 4)
+	b.arrive(k10, "A", admitted, 10)
+	b.ack(k10)
+	b.arrive(k11, "A", admitted, 11)
+	b.ack(k11)
+	b.arrive(k12, "A", admitted, 12)
+	b.arrive(msg("k", 10, 1), "B", acked)
+	b.arrive(msg("k", 11, 2), "B", acked)
+	b.arrive(msg("k", 12, 3), "B", duplicate)
+	// Another key's messages are not affected, nor k's later ones.
+	b.arrive(msg("j", 9, 4), "B", admitted)
+	b.arrive(msg("k", 13, 5), "B", admitted)
+	// A message nacked (not acked) comes back as itself.
+	b.lift(consumerAnswer{unacked: 3, delivered: 5, first: 9}, true, 9)
+	b.release(k12, false)
+	b.arrive(msg("k", 12, 6), "B", admitted, 12)
+}
+
+func TestGatesRemembersAcksOfBoundedKeys(t *testing.T) {
+	b := owned(t)
+	for i := range doneCap + 1 {
+		d := msg(fmt.Sprintf("key-%d", i), uint64(100+i), uint64(2+i))
+		b.arrive(d, "A", admitted, d.key.seq)
+		b.ack(d)
+	}
+	if len(b.g.done) != doneCap || len(b.g.doneOrder) != doneCap {
+		t.Fatalf("remembers %d keys (%d in order), want at most %d", len(b.g.done), len(b.g.doneOrder), doneCap)
+	}
+	if _, ok := b.g.done["key-0"]; ok {
+		t.Fatal("the oldest key was not forgotten")
 	}
 }
 

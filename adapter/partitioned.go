@@ -264,6 +264,10 @@ func (p *partition) onMsg(msg jetstream.Msg) {
 		_ = r.c.nc.Publish(d.reply, handBackPayload)
 	case staleTerm:
 		_ = r.c.nc.Publish(d.reply, ackPayload[ackNak])
+	case acked:
+		r.c.cfg.logger.Debug("message acked before delivered again (the server lost its ack): acked again", "subscription", r.sub.id,
+			"partition", p.index, "seq", d.key.seq)
+		_ = r.c.nc.Publish(d.reply, ackPayload[ackAck])
 	}
 	r.launch(start)
 }

@@ -108,14 +108,20 @@ func (p *partition) recordOwner(ctx context.Context, pin string) error {
 	return err
 }
 
-// freeGoneOwners nacks, when the partition's recorded owner is another
-// receiver that is gone, every unacked message of the partition that this
-// receiver does not hold, so that the server redelivers it now instead of
-// at its ack deadline. info is the consumer's, taken by the fence. It
-// reports whether it nacked anything.
+// freeGoneOwners nacks every unacked message of the partition that this
+// receiver does not hold, when nobody alive can hold one: the recorded
+// owner is another receiver that is gone, or this one. (An owner records
+// itself before its first handler starts, so no receiver that started a
+// handler of the partition since this one's record can exist; one that was
+// pinned meanwhile and fenced started none.) The server then redelivers
+// them now instead of at their ack deadline: a dead owner's messages, a
+// delivery lost on the way to this one, or messages acked here whose acks
+// the server lost in a restart after a crash (the gates ack those again,
+// unseen). info is the consumer's, taken by the fence. It reports whether
+// it nacked anything.
 func (p *partition) freeGoneOwners(ctx context.Context, info *jetstream.ConsumerInfo) bool {
 	rec, ok := p.recordedOwner(ctx)
-	if !ok || !p.m.gone(ctx, rec.receiver) {
+	if !ok || (rec.receiver != p.m.rid && !p.m.gone(ctx, rec.receiver)) {
 		return false
 	}
 	return p.nackUnheld(ctx, info, rec) > 0
@@ -146,7 +152,11 @@ func (p *partition) nackUnheld(ctx context.Context, info *jetstream.ConsumerInfo
 		}
 		seq = found + 1
 	}
-	if nacked > 0 {
+	switch {
+	case nacked > 0 && rec.receiver == p.m.rid:
+		r.c.cfg.logger.Info("unacked messages of partition nobody holds (lost on the way, or acks the server lost) are delivered again now",
+			"subscription", r.sub.id, "partition", p.index, "messages", nacked)
+	case nacked > 0:
 		r.c.cfg.logger.Info("previous owner of partition is gone: its unacked messages are delivered again now",
 			"subscription", r.sub.id, "partition", p.index, "previous_owner", rec.receiver, "messages", nacked)
 	}

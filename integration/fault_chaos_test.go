@@ -1,0 +1,280 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/testutil"
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// TestFaultChaosKills deploys as users do: a NATS server (here the sidecar
+// binary with its embedded server and --nats-listen, process A) and a
+// sidecar using it (--nats-url, process B), Google's Go client on B with
+// two ordered subscriptions. While the subscriptions deliver, the test
+// kills B (a sidecar crash) with SIGKILL and restarts it on the same ports
+// and data dir; with JETORDER_CHAOS_NATS=1 it kills A (a NATS server
+// crash) every other time. Every delivery goes through the ordering
+// checker: nothing may be lost and no key may go out of order. It reports,
+// per kill, the stall (from the kill to the first delivery after the
+// restarted process was ready), and how many messages already acked were
+// delivered again.
+//
+// Sizes: JETORDER_CHAOS_KEYS (default 100), JETORDER_CHAOS_PER_KEY (30)
+// and JETORDER_CHAOS_KILLS (10 partitioned, 4 per-key, whose stall is an
+// ack deadline, 10 s here). docs/RELIABILITY.md has the figures, and why
+// NATS kills are not in the default run.
+func TestFaultChaosKills(t *testing.T) {
+	defKills := 10
+	if testDelivery == adapter.DeliveryPerKey {
+		defKills = 4
+	}
+	keys, perKey, kills := chaosEnv("KEYS", 100), chaosEnv("PER_KEY", 30), chaosEnv("KILLS", defKills)
+	killNATS := os.Getenv("JETORDER_CHAOS_NATS") == "1"
+	bin := killBuildSidecar(t)
+	natsAddr := freeAddr(t)
+	natsDir, sidecarDir := t.TempDir(), t.TempDir()
+	startNATS := func(grpcAddr, httpAddr string) *killProc {
+		return killStart(t, bin, natsDir, grpcAddr, httpAddr, "--nats-listen", natsAddr)
+	}
+	startSidecar := func(grpcAddr, httpAddr string) *killProc {
+		return killStart(t, bin, sidecarDir, grpcAddr, httpAddr, "--nats-url", "nats://"+natsAddr)
+	}
+	a := startNATS("127.0.0.1:0", "127.0.0.1:0")
+	b := startSidecar("127.0.0.1:0", "127.0.0.1:0")
+
+	c := goClientAt(t, b.grpc)
+	subs := []string{"chaos-a", "chaos-b"}
+	mustCreateTopic(t, c, "chaos")
+	for _, s := range subs {
+		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("chaos"), EnableMessageOrdering: true, AckDeadlineSeconds: 10})
+	}
+
+	chk := ordercheck.New()
+	pub := c.Publisher("chaos")
+	pub.EnableMessageOrdering = true
+	var results []*pubsub.PublishResult
+	for i := range perKey {
+		for k := range keys {
+			key := fmt.Sprintf("user-%d", k)
+			results = append(results, pub.Publish(context.Background(), &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+			chk.Published(key, i)
+		}
+	}
+	for _, r := range results {
+		if _, err := r.Get(context.Background()); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	}
+	pub.Stop()
+	chk.AcksMayBeLost()
+
+	type subWatch struct {
+		mark       atomic.Int64 // unix nanos: firstAfter is the first delivery after it
+		firstAfter atomic.Int64
+		mu         sync.Mutex
+		acked      map[string]bool
+		ackedAgain int // deliveries of a message acked before
+	}
+	watch := map[string]*subWatch{}
+	var stops []func()
+	for _, s := range subs {
+		w := &subWatch{acked: map[string]bool{}}
+		watch[s] = w
+		stops = append(stops, receiveGo(t, c.Subscriber(s), func(_ context.Context, m *pubsub.Message) {
+			now := time.Now().UnixNano()
+			if mark := w.mark.Load(); mark != 0 && now > mark {
+				w.firstAfter.CompareAndSwap(0, now)
+			}
+			key, idx, err := ordercheck.Decode(m.Data)
+			if err != nil || key != m.OrderingKey {
+				chk.Fail("undecodable delivery %q (key %q): %v", m.Data, m.OrderingKey, err)
+				m.Ack()
+				return
+			}
+			w.mu.Lock()
+			if w.acked[string(m.Data)] {
+				w.ackedAgain++
+			}
+			w.acked[string(m.Data)] = true
+			w.mu.Unlock()
+			chk.Delivered(s, key, idx)
+			chk.Acked(s, key, idx)
+			m.Ack()
+		}))
+	}
+	acks := func() int {
+		n := 0
+		for _, s := range subs {
+			n += chk.Stats(s).Acks
+		}
+		return n
+	}
+	total := len(subs) * keys * perKey
+	step := total / (kills + 2)
+
+	type killResult struct {
+		what  string
+		stall time.Duration
+	}
+	var out []killResult
+	for i := range kills {
+		testutil.Eventually(t, 120*time.Second, func() bool { return acks() >= (i+1)*step }, "no progress before kill %d: %d of %d acks", i+1, acks, total)
+		var open []string // subscriptions with messages left to deliver
+		for _, s := range subs {
+			if !chk.Complete(s) {
+				open = append(open, s)
+			}
+		}
+		killedAt := time.Now()
+		var ready time.Time
+		what := "sidecar"
+		if i%2 == 0 || !killNATS {
+			b.kill()
+			b = startSidecar(b.grpc, b.http)
+			ready = b.readyAt
+		} else {
+			what = "nats"
+			a.kill()
+			a = startNATS(a.grpc, a.http)
+			ready = a.readyAt
+		}
+		for _, s := range open {
+			watch[s].firstAfter.Store(0)
+			watch[s].mark.Store(ready.UnixNano())
+		}
+		var stall time.Duration
+		for _, s := range open {
+			w := watch[s]
+			testutil.Eventually(t, 90*time.Second, func() bool { return w.firstAfter.Load() != 0 || chk.Complete(s) },
+				"%s: nothing delivered after the %s restart (kill %d)", s, what, i+1)
+			if f := w.firstAfter.Load(); f != 0 {
+				stall = max(stall, time.Unix(0, f).Sub(killedAt))
+			}
+			w.mark.Store(0)
+		}
+		out = append(out, killResult{what, stall})
+		t.Logf("kill %d (%s) at %s: stall %v; %d of %d acks", i+1, what, killedAt.Format("05.000"), stall.Round(time.Millisecond), acks(), total)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("violations: %s", strings.Join(chk.Violations(), "\n"))
+			t.Logf("consumers:\n%s", chaosConsumers(natsAddr))
+			t.Logf("sidecar log:\n%s", b.log.String())
+		}
+	})
+	for _, s := range subs {
+		testutil.Eventually(t, 120*time.Second, func() bool { return chk.Complete(s) }, "%s: not everything acked: %s", s, func() string { return chk.Missing(s) })
+	}
+	if v := chk.Violations(); len(v) > 0 {
+		t.Fatalf("%d ordering violations, first: %s", len(v), strings.Join(v, "\n"))
+	}
+	for _, s := range stops {
+		s()
+	}
+
+	var lines []string
+	byKind := map[string][]time.Duration{}
+	for i, r := range out {
+		lines = append(lines, fmt.Sprintf("kill %d (%s): stall %v", i+1, r.what, r.stall.Round(time.Millisecond)))
+		byKind[r.what] = append(byKind[r.what], r.stall)
+		byKind["all"] = append(byKind["all"], r.stall)
+	}
+	for _, k := range []string{"sidecar", "nats", "all"} {
+		d := byKind[k]
+		slices.Sort(d)
+		if len(d) == 0 {
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("%s kills: %d, stall p50 %v, p95 %v, max %v", k, len(d),
+			d[len(d)/2].Round(time.Millisecond), d[min(len(d)-1, len(d)*95/100)].Round(time.Millisecond), d[len(d)-1].Round(time.Millisecond)))
+	}
+	for _, s := range subs {
+		st := chk.Stats(s)
+		w := watch[s]
+		w.mu.Lock()
+		lines = append(lines, fmt.Sprintf("%s: %d messages, %d deliveries, %d redeliveries, %d of acked messages, %d keys went back to a message acked before",
+			s, keys*perKey, st.Deliveries, st.Redeliveries, w.ackedAgain, st.Rewinds))
+		w.mu.Unlock()
+	}
+	t.Logf("delivery %s, %d keys x %d messages:\n%s", deliveryName(), keys, perKey, strings.Join(lines, "\n"))
+	// In partitioned delivery a crash costs a restart and a take-over,
+	// never an ack deadline (10 s) or a pin's TTL (6 s). (The figures, not
+	// this bound, are what docs/RELIABILITY.md reports.)
+	for i, r := range out {
+		if testDelivery != adapter.DeliveryPerKey && r.stall > 5*time.Second {
+			t.Errorf("kill %d (%s): delivery stalled %v", i+1, r.what, r.stall)
+		}
+	}
+	b.terminate()
+	a.terminate()
+}
+
+func chaosEnv(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv("JETORDER_CHAOS_" + name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// freeAddr is a loopback address with a port free now, for a server that
+// must come back on the same port after a kill.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func deliveryName() string {
+	if testDelivery == "" {
+		return "partitioned (default)"
+	}
+	return string(testDelivery)
+}
+
+// chaosConsumers describes every consumer of the chaos topic, for a
+// failure's log.
+func chaosConsumers(addr string) string {
+	nc, err := nats.Connect("nats://" + addr)
+	if err != nil {
+		return err.Error()
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, keyrouter.StreamName(project, "chaos"))
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	l := st.ListConsumers(ctx)
+	for ci := range l.Info() {
+		fmt.Fprintf(&b, "%s: pending %d, unacked %d, waiting %d, delivered %d/%d, ack floor %d/%d, groups %+v\n", ci.Name, ci.NumPending, ci.NumAckPending, ci.NumWaiting,
+			ci.Delivered.Consumer, ci.Delivered.Stream, ci.AckFloor.Consumer, ci.AckFloor.Stream, ci.PriorityGroups)
+	}
+	return b.String()
+}
