@@ -462,7 +462,7 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 		nats.MaxReconnects(-1),
 		// Every 250 ms rather than nats.go's 2 s: after a NATS server
 		// restart, delivery waits for the reconnect (docs/RELIABILITY.md).
-		nats.ReconnectWait(250*time.Millisecond),
+		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectBufSize(-1), // the adapter requires it: see adapter.NewClient
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil { // nil: our own close at shutdown
