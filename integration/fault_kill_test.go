@@ -142,7 +142,7 @@ var killListening = regexp.MustCompile(`msg="jetorder sidecar listening" grpc=(\
 
 func killStart(t *testing.T, bin, dataDir, grpcAddr, httpAddr string, extra ...string) *killProc {
 	t.Helper()
-	args := append([]string{"--data-dir", dataDir, "--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--shutdown-timeout", "2s", "--log-level", "debug"}, extra...)
+	args := append([]string{"--data-dir", dataDir, "--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--shutdown-timeout", "2s"}, extra...)
 	if testDelivery != "" {
 		args = append(args, "--delivery", string(testDelivery))
 	}
