@@ -56,8 +56,12 @@ func parseOwnerRecord(v []byte) (ownerRecord, bool) {
 }
 
 // ownerKey is the state bucket key of partition i's owner record.
-func (m *partitionedMode) ownerKey(i int) string {
-	return m.r.sub.kvKey() + ".owners.e" + strconv.FormatUint(m.r.rec.Epoch, 10) + ".p" + strconv.Itoa(i)
+func (m *partitionedMode) ownerKey(i int) string { return m.ownerPrefix() + strconv.Itoa(i) }
+
+// ownerPrefix is what every owner record key of the subscription's epoch
+// starts with.
+func (m *partitionedMode) ownerPrefix() string {
+	return m.r.sub.kvKey() + ".owners.e" + strconv.FormatUint(m.r.rec.Epoch, 10) + "."
 }
 
 // startPresence opens the owner records' bucket and starts answering on
@@ -163,36 +167,72 @@ func (p *partition) nackUnheld(ctx context.Context, info *jetstream.ConsumerInfo
 	return nacked
 }
 
-// watchOwners looks, twice a second, at every partition this receiver does
-// not own: when it has messages waiting or unacked, and its recorded owner
-// is gone, it unpins the partition if the gone owner holds the pin, so
-// that the server pins a waiting pull request instead of waiting for the
-// pin's TTL, and nacks its unacked messages, so that they come back now.
-// (With nothing new to deliver, no message would reach a new owner, and
-// its fence never start, before their ack deadline.)
+// watchOwners watches the subscription's owner records and, twice a
+// second, asks whether the recorded owners of the partitions this receiver
+// does not own are still there (one presence request per owner, no
+// JetStream call while they are). For a partition whose recorded owner is
+// gone it unpins the partition if that owner holds the pin, so that the
+// server pins a waiting pull request instead of waiting for the pin's TTL,
+// and nacks its unacked messages, so that they come back now. (With
+// nothing new to deliver, no message would reach a new owner, and its
+// fence never start, before their ack deadline.)
 func (m *partitionedMode) watchOwners() {
 	defer m.loops.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	prefix := m.ownerPrefix()
+	w, err := m.owners.Watch(ctx, prefix+"*", jetstream.IgnoreDeletes())
+	if err != nil {
+		m.r.c.cfg.logger.Warn("owner records not watched: a dead owner's partitions wait for their pin's TTL and ack deadlines", "subscription", m.r.sub.id, "err", err)
+		return
+	}
+	defer func() { _ = w.Stop() }()
+	records := make(map[int]ownerRecord)
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
-		for _, p := range m.parts {
-			p.mu.Lock()
-			owned := p.g.pin != ""
-			p.mu.Unlock()
-			if !owned {
-				p.takeFromGone()
-			}
-		}
 		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e != nil {
+				i, err := strconv.Atoi(strings.TrimPrefix(e.Key(), prefix))
+				if rec, ok := parseOwnerRecord(e.Value()); err == nil && ok {
+					records[i] = rec
+				}
+				continue
+			}
+			// The initial values are in: look at once (a restarted
+			// process's predecessor is gone).
 		case <-t.C:
 		case <-m.stopped:
 			return
 		}
+		gone := make(map[string]bool)
+		for _, p := range m.parts {
+			rec, ok := records[p.index]
+			p.mu.Lock()
+			owned := p.g.pin != ""
+			p.mu.Unlock()
+			if owned || !ok || rec.receiver == m.rid {
+				continue
+			}
+			g, asked := gone[rec.receiver]
+			if !asked {
+				g = m.gone(ctx, rec.receiver)
+				gone[rec.receiver] = g
+			}
+			if g {
+				p.takeFromGone(rec)
+			}
+		}
 	}
 }
 
-// takeFromGone frees p from a recorded owner that is gone (watchOwners).
-func (p *partition) takeFromGone() {
+// takeFromGone frees p from rec, its recorded owner, which is gone
+// (watchOwners).
+func (p *partition) takeFromGone(rec ownerRecord) {
 	r := p.r
 	ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 2*time.Second))
 	defer cancel()
@@ -200,11 +240,10 @@ func (p *partition) takeFromGone() {
 	if err != nil || (info.NumPending == 0 && info.NumAckPending == 0) {
 		return
 	}
-	pinned := pinnedIn(info)
-	rec, ok := p.recordedOwner(ctx)
 	// Pinned to another than the recorded owner: a new owner, which records
 	// itself once its fence lifts, is taking over.
-	if !ok || (pinned != "" && pinned != rec.pin) || !p.m.gone(ctx, rec.receiver) {
+	pinned := pinnedIn(info)
+	if pinned != "" && pinned != rec.pin {
 		return
 	}
 	if pinned != "" {
