@@ -26,7 +26,7 @@ import (
 // A request's messages are all checked before any order is reserved: the
 // attribute's value, that the message is DIDComm in exactly one form, has
 // id and from and no sender_order yet, and that it still passes
-// Topic.Validate once stamped with the longest order there is, so that no
+// adapterx.Validate once stamped with the longest order there is, so that no
 // reserved order is thrown away for a reason known beforehand. Then, per
 // thread and sender, in request order, one compare-and-set reserves the
 // orders of all its messages in JO_DIDCOMM_ORDERS (didcomm.KVSequencer),
