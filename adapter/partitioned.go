@@ -76,6 +76,11 @@ type partitionedMode struct {
 	rid      string
 	presence *nats.Subscription
 	owners   jetstream.KeyValue
+	// the connection's reconnect count when last looked at, and when it
+	// last changed (reconnectedLately)
+	reconnectMu   sync.Mutex
+	reconnects    uint64
+	reconnectedAt time.Time
 }
 
 var _ deliveryMode = (*partitionedMode)(nil)
@@ -118,6 +123,7 @@ func (m *partitionedMode) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	m.reconnects = r.c.nc.Stats().Reconnects
 	if err := m.startPresence(ctx); err != nil {
 		return err
 	}

@@ -866,16 +866,22 @@ func (s *Subscription) state(ctx context.Context) (kv jetstream.KeyValue, prefix
 	if err != nil {
 		return nil, "", err
 	}
-	kv, err = s.c.openBucket(ctx, jetstream.KeyValueConfig{
-		Bucket:      stateBucket,
-		Description: "jetorder per-subscription state of the layers above the adapter",
-		Storage:     jetstream.FileStorage,
-		Replicas:    s.c.cfg.replicas,
-	})
-	if err != nil {
+	if kv, err = s.c.stateBucket(ctx); err != nil {
 		return nil, "", err
 	}
 	return kv, s.kvKey() + "." + strconv.FormatInt(rec.Created.UnixNano(), 10), nil
+}
+
+// stateBucket opens the bucket of per-subscription state (JO_STATE),
+// creating it on first use: the layers' state and the partitions' owner
+// records.
+func (c *Client) stateBucket(ctx context.Context) (jetstream.KeyValue, error) {
+	return c.openBucket(ctx, jetstream.KeyValueConfig{
+		Bucket:      stateBucket,
+		Description: "jetorder per-subscription state: layers above the adapter, partition owners",
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.cfg.replicas,
+	})
 }
 
 // purgeState removes every state key of the subscription, of every

@@ -67,12 +67,7 @@ func (m *partitionedMode) ownerPrefix() string {
 // startPresence opens the owner records' bucket and starts answering on
 // this receiver's presence subject.
 func (m *partitionedMode) startPresence(ctx context.Context) error {
-	kv, err := m.r.c.openBucket(ctx, jetstream.KeyValueConfig{
-		Bucket:      stateBucket,
-		Description: "jetorder per-subscription state of the layers above the adapter",
-		Storage:     jetstream.FileStorage,
-		Replicas:    m.r.c.cfg.replicas,
-	})
+	kv, err := m.r.c.stateBucket(ctx)
 	if err != nil {
 		return err
 	}
@@ -84,17 +79,36 @@ func (m *partitionedMode) startPresence(ctx context.Context) error {
 	return nil
 }
 
+// reconnectGrace is how long after this receiver's own connection came
+// back (the NATS server it uses may have restarted, dropping every
+// client) a missing presence answer proves nothing: the other receivers
+// may still be reconnecting.
+const reconnectGrace = 5 * time.Second
+
 // gone reports whether the receiver rid is certainly gone: the server has
-// no subscription for its presence subject ("no responders"). Any other
-// outcome, a timeout included, says it may be alive.
+// no subscription for its presence subject ("no responders"), and this
+// receiver's own connection has not come back lately. Any other outcome,
+// a timeout included, says it may be alive.
 func (m *partitionedMode) gone(ctx context.Context, rid string) bool {
-	if rid == m.rid {
+	if rid == m.rid || m.reconnectedLately() {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	_, err := m.r.c.nc.RequestWithContext(ctx, presenceRoot+rid, nil)
 	return errors.Is(err, nats.ErrNoResponders)
+}
+
+// reconnectedLately reports whether the connection reconnected within
+// reconnectGrace.
+func (m *partitionedMode) reconnectedLately() bool {
+	n := m.r.c.nc.Stats().Reconnects
+	m.reconnectMu.Lock()
+	defer m.reconnectMu.Unlock()
+	if n != m.reconnects {
+		m.reconnects, m.reconnectedAt = n, time.Now()
+	}
+	return !m.reconnectedAt.IsZero() && time.Since(m.reconnectedAt) < reconnectGrace
 }
 
 // recordedOwner reads partition p's owner record.
