@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/keyrouter"
@@ -42,6 +41,7 @@ type discoverer struct {
 	lease *lease
 
 	subsKV   jetstream.KeyValue
+	members  jetstream.KeyValue // the state bucket, which holds member records
 	floorKey string
 
 	stream      jetstream.Stream
@@ -99,10 +99,14 @@ func (o *discoverer) run(ctx context.Context) {
 		return
 	}
 	o.subsKV = subsKV
-	o.lease = newLease(leases, o.r.sub.kvKey(), uuid.NewString(), ttl, o.c.cfg.apiTimeout)
+	reconnects := func() uint64 { return o.c.nc.Stats().Reconnects }
+	o.lease = newLease(leases, o.r.sub.kvKey(), leaseHolderPrefix+o.r.presence.id, ttl, o.c.cfg.apiTimeout, reconnects)
 	for ctx.Err() == nil && !o.r.isSuperseded() {
 		cctx, cancel := context.WithTimeout(ctx, ttl/4)
-		ok, err := o.lease.acquire(cctx)
+		ok, err := o.lease.acquire(cctx, func(holder string) bool {
+			id, ok := strings.CutPrefix(holder, leaseHolderPrefix)
+			return ok && o.r.presence.gone(cctx, id)
+		})
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			o.warn("lease check failed", err)
@@ -119,10 +123,15 @@ func (o *discoverer) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(ttl / 6):
+		case <-time.After(min(ttl/6, memberCheckInterval)):
 		}
 	}
 }
+
+// leaseHolderPrefix starts the value of a discovery lease that a
+// receiver holds: its presence id follows. (A seek's settle holds it too,
+// and is never taken for gone.)
+const leaseHolderPrefix = "receiver "
 
 // hold keeps the lease renewed while own runs, and stops own when the
 // lease is lost.
@@ -210,6 +219,15 @@ func (o *discoverer) own(ctx context.Context) error {
 		case <-cc.Closed():
 		case <-time.After(o.c.cfg.apiTimeout):
 		}
+	}()
+
+	// Take-over from gone members runs beside discovery, under the lease.
+	sweepCtx, stopSweeps := context.WithCancel(ctx)
+	var sweeps sync.WaitGroup
+	sweeps.Go(func() { o.watchMembers(sweepCtx) })
+	defer func() {
+		stopSweeps()
+		sweeps.Wait()
 	}()
 
 	o.cleanAt = time.Now().Add(o.c.cfg.idleTimeout / 2)

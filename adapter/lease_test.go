@@ -53,13 +53,33 @@ func (f *fakeLeaseStore) Delete(context.Context, string, ...jetstream.KVDeleteOp
 	return f.fail
 }
 
+func (f *fakeLeaseStore) Get(context.Context, string) (jetstream.KeyValueEntry, error) {
+	if f.fail != nil {
+		return nil, f.fail
+	}
+	if !f.exists {
+		return nil, jetstream.ErrKeyNotFound
+	}
+	return fakeEntry{value: f.value, rev: f.rev}, nil
+}
+
+// fakeEntry is a KV entry with a value and a revision.
+type fakeEntry struct {
+	jetstream.KeyValueEntry
+	value string
+	rev   uint64
+}
+
+func (e fakeEntry) Value() []byte    { return []byte(e.value) }
+func (e fakeEntry) Revision() uint64 { return e.rev }
+
 type leaseClock struct{ t time.Time }
 
 func (c *leaseClock) now() time.Time       { return c.t }
 func (c *leaseClock) step(d time.Duration) { c.t = c.t.Add(d) }
 func newLeaseClock() *leaseClock           { return &leaseClock{t: t0} }
 func testLease(kv leaseStore, c *leaseClock) *lease {
-	l := newLease(kv, "k", "me", 8*time.Second, 10*time.Second)
+	l := newLease(kv, "k", "me", 8*time.Second, 10*time.Second, nil)
 	l.now = c.now
 	return l
 }
@@ -81,7 +101,7 @@ func TestLeaseAcquire(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newLeaseClock()
 			l := testLease(tt.store, c)
-			got, err := l.acquire(context.Background())
+			got, err := l.acquire(context.Background(), nil)
 			if got != tt.want || !errors.Is(err, tt.wantErr) {
 				t.Fatalf("acquire = %v, %v; want %v, %v", got, err, tt.want, tt.wantErr)
 			}
@@ -92,13 +112,105 @@ func TestLeaseAcquire(t *testing.T) {
 	}
 }
 
+func TestLeaseTakeOverFromGoneHolder(t *testing.T) {
+	goneHolder := func(holder string) bool { return holder == "gone" }
+	tests := []struct {
+		name      string
+		store     *fakeLeaseStore
+		gone      func(string) bool
+		want      bool
+		wantValue string
+	}{
+		{"holder gone", &fakeLeaseStore{exists: true, rev: 3, value: "gone"}, goneHolder, true, "me"},
+		{"holder there", &fakeLeaseStore{exists: true, rev: 3, value: "alive"}, goneHolder, false, "alive"},
+		{"no presence check", &fakeLeaseStore{exists: true, rev: 3, value: "gone"}, nil, false, "gone"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := testLease(tt.store, newLeaseClock())
+			got, err := l.acquire(context.Background(), tt.gone)
+			if got != tt.want || err != nil {
+				t.Fatalf("acquire = %v, %v; want %v", got, err, tt.want)
+			}
+			if tt.store.value != tt.wantValue || l.valid() != tt.want {
+				t.Fatalf("lease value %q, valid %v; want %q, %v", tt.store.value, l.valid(), tt.wantValue, tt.want)
+			}
+		})
+	}
+	t.Run("two takers, one wins", func(t *testing.T) {
+		kv := &fakeLeaseStore{exists: true, rev: 3, value: "gone"}
+		// The second taker read the record before the first wrote it.
+		racing := &racingStore{fakeLeaseStore: kv}
+		a, b := testLease(kv, newLeaseClock()), testLease(racing, newLeaseClock())
+		b.id = "other"
+		racing.beforeUpdate = func() {
+			if ok, _ := a.acquire(context.Background(), goneHolder); !ok {
+				t.Error("first taker did not take the lease")
+			}
+		}
+		if ok, _ := b.acquire(context.Background(), goneHolder); ok {
+			t.Fatal("both takers hold the lease")
+		}
+		if kv.value != "me" {
+			t.Fatalf("lease value %q, want the first taker's", kv.value)
+		}
+	})
+}
+
+// racingStore runs beforeUpdate just before its first Update.
+type racingStore struct {
+	*fakeLeaseStore
+	beforeUpdate func()
+}
+
+func (r *racingStore) Update(ctx context.Context, key string, v []byte, rev uint64) (uint64, error) {
+	if f := r.beforeUpdate; f != nil {
+		r.beforeUpdate = nil
+		f()
+	}
+	return r.fakeLeaseStore.Update(ctx, key, v, rev)
+}
+
+func TestLeaseInvalidAfterReconnect(t *testing.T) {
+	// A holder whose connection came back may have been taken for gone:
+	// it acts again only after a renewal sent since succeeds.
+	c := newLeaseClock()
+	kv := &fakeLeaseStore{}
+	var reconnects uint64
+	l := testLease(kv, c)
+	l.reconnects = func() uint64 { return reconnects }
+	l.acquire(context.Background(), nil)
+	reconnects++
+	if l.valid() {
+		t.Fatal("valid after a reconnect")
+	}
+	if _, _, err := l.opContext(context.Background()); !errors.Is(err, errLeaseLost) {
+		t.Fatalf("opContext after a reconnect: %v, want errLeaseLost", err)
+	}
+	if err := l.renew(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !l.valid() {
+		t.Fatal("invalid after a renewal sent since the reconnect")
+	}
+	// Taken over meanwhile: the renewal fails and the lease stays invalid.
+	reconnects++
+	kv.rev++
+	if err := l.renew(context.Background()); !errors.Is(err, errLeaseLost) {
+		t.Fatalf("renew over a take-over: %v, want errLeaseLost", err)
+	}
+	if l.valid() {
+		t.Fatal("valid after a reconnect and a failed renewal")
+	}
+}
+
 func TestLeaseValidForHalfATTL(t *testing.T) {
 	// The holder acts for half a TTL after its last renewal was sent, so
 	// every action of a holder that stopped renewing has ended before the
 	// bucket's TTL lets another in.
 	c := newLeaseClock()
 	l := testLease(&fakeLeaseStore{}, c)
-	if ok, err := l.acquire(context.Background()); !ok || err != nil {
+	if ok, err := l.acquire(context.Background(), nil); !ok || err != nil {
 		t.Fatalf("acquire = %v, %v", ok, err)
 	}
 	c.step(4*time.Second - time.Nanosecond)
@@ -119,7 +231,7 @@ func TestLeaseRenew(t *testing.T) {
 		c := newLeaseClock()
 		kv := &fakeLeaseStore{}
 		l := testLease(kv, c)
-		l.acquire(context.Background())
+		l.acquire(context.Background(), nil)
 		c.step(3 * time.Second)
 		if err := l.renew(context.Background()); err != nil {
 			t.Fatal(err)
@@ -137,7 +249,7 @@ func TestLeaseRenew(t *testing.T) {
 		c := newLeaseClock()
 		kv := &fakeLeaseStore{}
 		l := testLease(kv, c)
-		l.acquire(context.Background())
+		l.acquire(context.Background(), nil)
 		kv.rev++ // someone else wrote the key (it expired and was taken)
 		c.step(3 * time.Second)
 		if err := l.renew(context.Background()); !errors.Is(err, errLeaseLost) {
@@ -152,7 +264,7 @@ func TestLeaseRenew(t *testing.T) {
 		c := newLeaseClock()
 		kv := &fakeLeaseStore{}
 		l := testLease(kv, c)
-		l.acquire(context.Background())
+		l.acquire(context.Background(), nil)
 		for i := range 3 {
 			c.step(2 * time.Second)
 			if err := l.renew(context.Background()); err != nil {
@@ -178,7 +290,7 @@ func TestLeaseOpContextEndsWithTheLease(t *testing.T) {
 			c := newLeaseClock()
 			l := testLease(&fakeLeaseStore{}, c)
 			l.timeout = tt.timeout
-			l.acquire(context.Background())
+			l.acquire(context.Background(), nil)
 			c.step(tt.elapsed)
 			ctx, cancel, err := l.opContext(context.Background())
 			if err != nil {
@@ -196,14 +308,14 @@ func TestLeaseRelease(t *testing.T) {
 	c := newLeaseClock()
 	kv := &fakeLeaseStore{}
 	l := testLease(kv, c)
-	l.acquire(context.Background())
+	l.acquire(context.Background(), nil)
 	l.release()
 	if l.valid() || kv.deletes != 1 || kv.exists {
 		t.Fatalf("after release: valid %v, deletes %d, key exists %v", l.valid(), kv.deletes, kv.exists)
 	}
 	// Another process takes it at once, without waiting for the TTL.
 	other := testLease(kv, c)
-	if ok, _ := other.acquire(context.Background()); !ok {
+	if ok, _ := other.acquire(context.Background(), nil); !ok {
 		t.Fatal("released lease not free")
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // deliveryMode is how an ordered subscription's keyed messages reach one
@@ -53,30 +55,39 @@ func newMode(r *receiver) deliveryMode {
 
 // perKeyMode is per-key delivery (DeliveryPerKey): JetStream holds back a
 // key's next message (a consumer per key with MaxAckPending 1), whose
-// messages the receiver's push subscription takes. The mode runs the
-// subscription's key discovery and clean-up (discovery.go) while this process
-// holds its lease.
+// messages the receiver's push subscription takes. The mode records the
+// receiver as a member of the subscription, and runs the subscription's
+// key discovery, clean-up (discovery.go) and take-over from gone members
+// (takeover_perkey.go) while this process holds its lease.
 type perKeyMode struct {
-	r      *receiver
-	cancel context.CancelFunc
-	done   sync.WaitGroup
+	r       *receiver
+	members jetstream.KeyValue // the state bucket, which holds member records
+	cancel  context.CancelFunc
+	done    sync.WaitGroup
 }
 
 var _ deliveryMode = (*perKeyMode)(nil)
 
 func (m *perKeyMode) start(ctx context.Context) error {
+	if err := m.join(ctx); err != nil {
+		return err
+	}
 	octx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m.cancel = cancel
-	m.done.Go(func() { newDiscoverer(m.r).run(octx) })
+	o := newDiscoverer(m.r)
+	o.members = m.members
+	m.done.Go(func() { o.run(octx) })
 	return nil
 }
 
-func (m *perKeyMode) check(context.Context)    {}
+func (m *perKeyMode) check(context.Context)    { m.r.forgetRevocations() }
 func (m *perKeyMode) eachHeld(func(*delivery)) {}
 
 func (m *perKeyMode) stop(time.Time) {
-	m.cancel()
+	if m.cancel != nil {
+		m.cancel()
+	}
 	m.done.Wait()
 }
 
-func (m *perKeyMode) end(time.Time) {}
+func (m *perKeyMode) end(deadline time.Time) { m.leave(deadline) }

@@ -7,9 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
 
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -71,22 +69,14 @@ type partitionedMode struct {
 	loops   sync.WaitGroup // confirmAcks, watchOwners, fence and pin checks
 	stopped chan struct{}  // closed by stop: loops end
 
-	// Fast take-over (takeover.go): this receiver's id, its presence
-	// subscription and the partitions' owner records.
-	rid      string
-	presence *nats.Subscription
-	owners   jetstream.KeyValue
-	// the connection's reconnect count when last looked at, and when it
-	// last changed (reconnectedLately)
-	reconnectMu   sync.Mutex
-	reconnects    uint64
-	reconnectedAt time.Time
+	// the partitions' owner records, for fast take-over (takeover.go)
+	owners jetstream.KeyValue
 }
 
 var _ deliveryMode = (*partitionedMode)(nil)
 
 func newPartitionedMode(r *receiver) *partitionedMode {
-	return &partitionedMode{r: r, confirmWake: make(chan struct{}, 1), stopped: make(chan struct{}), rid: nuid.Next()}
+	return &partitionedMode{r: r, confirmWake: make(chan struct{}, 1), stopped: make(chan struct{})}
 }
 
 // partition is one partition of a partitioned subscription, as one Receive
@@ -123,8 +113,7 @@ func (m *partitionedMode) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	m.reconnects = r.c.nc.Stats().Reconnects
-	if err := m.startPresence(ctx); err != nil {
+	if err := m.openOwners(ctx); err != nil {
 		return err
 	}
 	for i := range r.rec.Partitions {
@@ -212,10 +201,6 @@ func (m *partitionedMode) end(deadline time.Time) {
 			_ = p.stream.UnpinConsumer(ctx, p.cons.CachedInfo().Name, partitionGroup)
 		}
 		cancel()
-	}
-	if m.presence != nil {
-		// Nothing of ours is unacked any more.
-		_ = m.presence.Unsubscribe()
 	}
 }
 

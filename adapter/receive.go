@@ -71,6 +71,10 @@ type receiver struct {
 	// without ordering); the receiver holds what the push subscription
 	// delivers.
 	mode deliveryMode
+	// presence answers for this receiver of an ordered subscription, so
+	// that others can take over at once what it held should it die
+	// (presence.go); nil without ordering.
+	presence *presence
 
 	hctx    context.Context // handlers' context, cancelled when Receive ends
 	slots   chan struct{}
@@ -84,9 +88,12 @@ type receiver struct {
 	superseded    chan struct{}
 	supersedeOnce sync.Once
 
-	mu       sync.Mutex
-	queue    []*delivery           // waiting for a handler slot
-	held     map[heldKey]*delivery // pushed messages held
+	mu    sync.Mutex
+	queue []*delivery           // waiting for a handler slot
+	held  map[heldKey]*delivery // pushed messages held
+	// revoked are deliveries a per-key take-over handed back while they
+	// were on their way here: they must not start (takeover_perkey.go).
+	revoked  map[heldKey]revocation
 	stopping bool
 	fatal    error
 	fatalSet chan struct{}
@@ -141,6 +148,7 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 			stopped:  make(chan struct{}),
 
 			held:       make(map[heldKey]*delivery),
+			revoked:    make(map[heldKey]revocation),
 			fatalSet:   make(chan struct{}),
 			superseded: make(chan struct{}),
 		}
@@ -213,22 +221,33 @@ func (c *Client) checkTopic(ctx context.Context, rec *subRecord) error {
 
 // run receives until ctx ends or a fatal error, then shuts down.
 func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) error {
-	sub, err := r.c.nc.QueueSubscribe(keyrouter.DeliverSubject(r.rec.Project, r.rec.nameID()), deliverGroup, r.onMsg)
-	if err != nil {
-		return fmt.Errorf("receive %s: %w", r.sub, err)
+	if r.mode != nil {
+		r.presence = newPresence(r.c.nc)
+		if err := r.presence.start(r.answerHoldCheck); err != nil {
+			return fmt.Errorf("receive %s: %w", r.sub, err)
+		}
 	}
-	// JetStream bounds what can be pushed (MaxAckPending per consumer), so
-	// the client must not drop any of it as a slow consumer.
-	_ = sub.SetPendingLimits(-1, -1)
-
 	bg, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()
 	r.loops.Add(1)
 	go r.dispatch()
-	if r.mode != nil {
-		if err := r.startMode(ctx); err != nil {
-			r.fail(err)
+	var sub *nats.Subscription
+	err := r.startMode(ctx)
+	if err == nil {
+		// Subscribed after the mode started: a per-key receiver is a
+		// member of its subscription before anything reaches it.
+		sub, err = r.c.nc.QueueSubscribe(keyrouter.DeliverSubject(r.rec.Project, r.rec.nameID()), deliverGroup, r.onMsg)
+		if err != nil {
+			err = fmt.Errorf("receive %s: %w", r.sub, err)
+		} else {
+			// JetStream bounds what can be pushed (MaxAckPending per
+			// consumer), so the client must not drop any of it as a slow
+			// consumer.
+			_ = sub.SetPendingLimits(-1, -1)
 		}
+	}
+	if err != nil {
+		r.fail(err)
 	}
 	// Started after the mode, which they call: deadlines are extended until
 	// the last handler has returned (a handler still running after Receive
@@ -255,9 +274,12 @@ func (r *receiver) run(ctx context.Context, cancelHandlers context.CancelFunc) e
 	return r.fatal
 }
 
-// startMode starts the delivery mode, and says why it failed: a
+// startMode starts the delivery mode, if any, and says why it failed: a
 // subscription or topic deleted as Receive started, most likely.
 func (r *receiver) startMode(ctx context.Context) error {
+	if r.mode == nil {
+		return nil
+	}
 	sctx, cancel := r.c.withTimeout(ctx)
 	defer cancel()
 	err := r.mode.start(sctx)
@@ -305,14 +327,16 @@ func (r *receiver) shutdown(sub *nats.Subscription, stopBackground, cancelHandle
 	if r.mode != nil {
 		r.mode.stop(deadline)
 	}
-	closed := sub.StatusChanged(nats.SubscriptionClosed)
-	if err := sub.Drain(); err == nil {
-		select {
-		case <-closed:
-		case <-time.After(time.Until(deadline)):
+	if sub != nil {
+		closed := sub.StatusChanged(nats.SubscriptionClosed)
+		if err := sub.Drain(); err == nil {
+			select {
+			case <-closed:
+			case <-time.After(time.Until(deadline)):
+			}
 		}
+		_ = sub.Unsubscribe()
 	}
-	_ = sub.Unsubscribe()
 	close(r.stopped)
 	stopBackground()
 	r.loops.Wait()
@@ -350,6 +374,10 @@ func (r *receiver) shutdown(sub *nats.Subscription, stopBackground, cancelHandle
 	r.mu.Unlock()
 	for _, d := range left {
 		d.finish(ackNak)
+	}
+	if r.presence != nil {
+		// Nothing of ours is unacked any more.
+		r.presence.stop()
 	}
 
 	// 6.
@@ -440,6 +468,12 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	d := r.newDelivery(r, arrival{subject: m.Subject, reply: m.Reply, header: m.Header, data: m.Data,
 		consumer: meta.Consumer, seq: meta.Sequence.Stream, attempt: meta.NumDelivered, published: meta.Timestamp})
 	r.mu.Lock()
+	if r.revokedLocked(d.key, meta.Sequence.Consumer) {
+		// Handed back by a take-over while on its way here: its next
+		// delivery runs, here or elsewhere.
+		r.mu.Unlock()
+		return
+	}
 	if _, dup := r.held[d.key]; dup {
 		// A redelivery of a message this process still holds (its deadline
 		// passed while it waited): keep the copy we have. Even when

@@ -302,8 +302,8 @@ func (s *Subscription) settle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l := newLease(leases, s.kvKey(), "seek-"+uuid.NewString(), ttl, s.c.cfg.apiTimeout)
-	ok, err := l.acquire(ctx)
+	l := newLease(leases, s.kvKey(), "seek-"+uuid.NewString(), ttl, s.c.cfg.apiTimeout, nil)
+	ok, err := l.acquire(ctx, nil)
 	if err != nil || !ok {
 		return err
 	}

@@ -2,13 +2,11 @@ package adapter
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -21,8 +19,7 @@ import (
 // still act. So each owner, before its first handler of a term starts,
 // records itself in the partition's owner record (receiver id and pin),
 // and every receiver answers on a presence subject of its own while it
-// runs. A receiver whose presence subject has no responder has no
-// connection to NATS: it cannot ack, nack or extend anything. Then:
+// runs (presence.go). Then:
 //
 //   - a receiver that does not own the partition, sees messages waiting
 //     and the pin held by the recorded owner, unpins the partition when
@@ -38,9 +35,6 @@ import (
 // for dead too: a message its handler still runs is delivered again to the
 // new owner before its ack deadline passed, as the Pub/Sub service does
 // once a deadline passes (docs/RELIABILITY.md).
-
-// presenceRoot is the first tokens of every receiver's presence subject.
-const presenceRoot = "_jetorder.receiver."
 
 // ownerRecord is who owns a partition, as the owner wrote it before its
 // first handler of a term started.
@@ -64,51 +58,22 @@ func (m *partitionedMode) ownerPrefix() string {
 	return m.r.sub.kvKey() + ".owners.e" + strconv.FormatUint(m.r.rec.Epoch, 10) + "."
 }
 
-// startPresence opens the owner records' bucket and starts answering on
-// this receiver's presence subject.
-func (m *partitionedMode) startPresence(ctx context.Context) error {
+// openOwners opens the owner records' bucket.
+func (m *partitionedMode) openOwners(ctx context.Context) error {
 	kv, err := m.r.c.stateBucket(ctx)
 	if err != nil {
 		return err
 	}
 	m.owners = kv
-	m.presence, err = m.r.c.nc.Subscribe(presenceRoot+m.rid, func(msg *nats.Msg) { _ = msg.Respond(nil) })
-	if err != nil {
-		return fmt.Errorf("presence: %w", err)
-	}
 	return nil
 }
 
-// reconnectGrace is how long after this receiver's own connection came
-// back (the NATS server it uses may have restarted, dropping every
-// client) a missing presence answer proves nothing: the other receivers
-// may still be reconnecting.
-const reconnectGrace = 5 * time.Second
+// rid is this receiver's presence id, which its owner records name.
+func (m *partitionedMode) rid() string { return m.r.presence.id }
 
-// gone reports whether the receiver rid is certainly gone: the server has
-// no subscription for its presence subject ("no responders"), and this
-// receiver's own connection has not come back lately. Any other outcome,
-// a timeout included, says it may be alive.
+// gone reports whether the receiver rid is certainly gone (presence.gone).
 func (m *partitionedMode) gone(ctx context.Context, rid string) bool {
-	if rid == m.rid || m.reconnectedLately() {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	defer cancel()
-	_, err := m.r.c.nc.RequestWithContext(ctx, presenceRoot+rid, nil)
-	return errors.Is(err, nats.ErrNoResponders)
-}
-
-// reconnectedLately reports whether the connection reconnected within
-// reconnectGrace.
-func (m *partitionedMode) reconnectedLately() bool {
-	n := m.r.c.nc.Stats().Reconnects
-	m.reconnectMu.Lock()
-	defer m.reconnectMu.Unlock()
-	if n != m.reconnects {
-		m.reconnects, m.reconnectedAt = n, time.Now()
-	}
-	return !m.reconnectedAt.IsZero() && time.Since(m.reconnectedAt) < reconnectGrace
+	return m.r.presence.gone(ctx, rid)
 }
 
 // recordedOwner reads partition p's owner record.
@@ -122,7 +87,7 @@ func (p *partition) recordedOwner(ctx context.Context) (ownerRecord, bool) {
 
 // recordOwner writes this receiver, with pin, as partition p's owner.
 func (p *partition) recordOwner(ctx context.Context, pin string) error {
-	_, err := p.m.owners.Put(ctx, p.m.ownerKey(p.index), []byte(ownerRecord{p.m.rid, pin}.String()))
+	_, err := p.m.owners.Put(ctx, p.m.ownerKey(p.index), []byte(ownerRecord{p.m.rid(), pin}.String()))
 	return err
 }
 
@@ -139,7 +104,7 @@ func (p *partition) recordOwner(ctx context.Context, pin string) error {
 // it nacked anything.
 func (p *partition) freeGoneOwners(ctx context.Context, info *jetstream.ConsumerInfo) bool {
 	rec, ok := p.recordedOwner(ctx)
-	if !ok || (rec.receiver != p.m.rid && !p.m.gone(ctx, rec.receiver)) {
+	if !ok || (rec.receiver != p.m.rid() && !p.m.gone(ctx, rec.receiver)) {
 		return false
 	}
 	return p.nackUnheld(ctx, info, rec) > 0
@@ -171,7 +136,7 @@ func (p *partition) nackUnheld(ctx context.Context, info *jetstream.ConsumerInfo
 		seq = found + 1
 	}
 	switch {
-	case nacked > 0 && rec.receiver == p.m.rid:
+	case nacked > 0 && rec.receiver == p.m.rid():
 		r.c.cfg.logger.Info("unacked messages of partition nobody holds (lost on the way, or acks the server lost) are delivered again now",
 			"subscription", r.sub.id, "partition", p.index, "messages", nacked)
 	case nacked > 0:
@@ -229,7 +194,7 @@ func (m *partitionedMode) watchOwners() {
 			p.mu.Lock()
 			owned := p.g.pin != ""
 			p.mu.Unlock()
-			if owned || !ok || rec.receiver == m.rid {
+			if owned || !ok || rec.receiver == m.rid() {
 				continue
 			}
 			g, asked := gone[rec.receiver]

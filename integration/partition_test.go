@@ -113,11 +113,16 @@ func newFailover(t *testing.T) *failover { return newFailoverWith(t, 2*time.Seco
 // newFailoverWith is newFailover with the subscription's ack deadline and
 // the clients' failover timeout.
 func newFailoverWith(t *testing.T, ackDeadline, failoverTimeout time.Duration) *failover {
+	return newFailoverIn(t, adapter.DeliveryPartitioned, ackDeadline, failoverTimeout)
+}
+
+// newFailoverIn is newFailoverWith in the given delivery mode.
+func newFailoverIn(t *testing.T, delivery adapter.DeliveryMode, ackDeadline, failoverTimeout time.Duration) *failover {
 	opts := []adapter.Option{adapter.WithFailoverTimeout(failoverTimeout)}
 	f := &failover{e: newEnv(t, opts...), log: &partLog{}, release: make(chan struct{}, 1)}
 	f.topic = f.e.createTopic("failover")
 	f.e.createSub("failover-sub", adapter.SubscriptionConfig{Topic: f.topic, EnableMessageOrdering: true, AckDeadline: ackDeadline,
-		Delivery: adapter.DeliveryPartitioned, Partitions: 1})
+		Delivery: delivery, Partitions: partitionsOf(delivery)})
 	var cA, cB *adapter.Client
 	f.ncA, cA = f.e.connect(opts...)
 	_, cB = f.e.connect(opts...)
@@ -140,6 +145,15 @@ func newFailoverWith(t *testing.T, ackDeadline, failoverTimeout time.Duration) *
 	// Registered last, so it runs first: Receive's stop waits for handlers.
 	t.Cleanup(func() { close(f.release) })
 	return f
+}
+
+// partitionsOf is the partition count a test subscription in the given
+// delivery mode is created with: one, or none outside partitioned delivery.
+func partitionsOf(delivery adapter.DeliveryMode) int {
+	if delivery == adapter.DeliveryPartitioned {
+		return 1
+	}
+	return 0
 }
 
 func (f *failover) publishOthers(t *testing.T, n int) {
@@ -196,6 +210,25 @@ func TestPartitionTakeOverFromGoneOwner(t *testing.T) {
 	f.publishOthers(t, 3)
 	testutil.Eventually(t, 5*time.Second, func() bool { _, ok := f.log.ackedAt("held", 1); return ok },
 		"held|1 not acked within 5 s of A's death (pin TTL 10 s, ack deadline 60 s): %s", f.log.String)
+	f.checkHeldOrder(t, killed)
+	if zero, ok := f.log.first("B", "held", 0); !ok || zero.attempt < 2 {
+		t.Fatalf("B did not get held|0 back (got it: %v, attempt %d):\n%s", ok, zero.attempt, f.log)
+	}
+}
+
+// TestPerKeyTakeOverFromGoneReceiver is TestPartitionTakeOverFromGoneOwner
+// in per-key delivery. A holds the discovery lease and held|0; when A is
+// gone, B takes the lease over and, finding A's member record without a
+// presence, hands back what no live receiver holds: held|0 comes back to B
+// within a second or two instead of at its ack deadline (60 s), and held|1
+// (held back by the key's consumer) follows it.
+func TestPerKeyTakeOverFromGoneReceiver(t *testing.T) {
+	f := newFailoverIn(t, adapter.DeliveryPerKey, time.Minute, 10*time.Second)
+	killed := time.Now()
+	f.ncA.Close()
+	f.publishOthers(t, 3)
+	testutil.Eventually(t, 5*time.Second, func() bool { _, ok := f.log.ackedAt("held", 1); return ok },
+		"held|1 not acked within 5 s of A's death (lease TTL 6 s, ack deadline 60 s): %s", f.log.String)
 	f.checkHeldOrder(t, killed)
 	if zero, ok := f.log.first("B", "held", 0); !ok || zero.attempt < 2 {
 		t.Fatalf("B did not get held|0 back (got it: %v, attempt %d):\n%s", ok, zero.attempt, f.log)

@@ -1,0 +1,327 @@
+package adapter
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// Fast take-over in per-key delivery.
+//
+// Left to the server, a key whose message was pushed to a receiver that
+// died waits for that message's ack deadline: its consumer (MaxAckPending
+// 1) delivers nothing else meanwhile. Nothing records which receiver a
+// message was pushed to (the push subscription is a queue group), so:
+//
+//   - every receiver records itself as a member of the subscription
+//     before it subscribes to deliveries, answers on its presence subject
+//     while it runs (presence.go), and removes its record when it ends;
+//   - the holder of the discovery lease watches the members, and when one
+//     is gone (or the lease's holder was, and it took the lease over)
+//     sweeps: it pauses every key consumer with a message unacked, asks
+//     every other member which of those messages it holds, and nacks the
+//     rest, so the server redelivers them now, before resuming the
+//     consumers.
+//
+// The pause keeps the server from redelivering any of them (their ack
+// deadline passing) while the members are asked. A member that holds none
+// of a message when asked may still have it on the way to it (pushed just
+// before the pause): it remembers the delivery as revoked, and drops it if
+// it arrives, so only the redelivery that the nack brings runs. A member
+// that does not answer in time, short of being gone, ends the sweep with
+// nothing nacked: the messages come back at their ack deadline instead.
+
+// revocation is a delivery a sweep handed back: every delivery of the
+// message up to consumer sequence upTo is dropped on arrival.
+type revocation struct {
+	upTo uint64
+	at   time.Time
+}
+
+// revocationLife is how long a revocation is kept: far longer than a
+// pushed message takes to arrive.
+const revocationLife = time.Minute
+
+// memberPrefix is what the member records of the subscription's receivers
+// start with, in the state bucket.
+func (s *Subscription) memberPrefix() string { return s.kvKey() + ".members." }
+
+// holdCheck is one line of a hold check: a key consumer's unacked message
+// and the consumer sequence of its last delivery.
+type holdCheck struct {
+	consumer  string
+	seq, dseq uint64
+}
+
+func encodeHoldChecks(cs []holdCheck) []byte {
+	var b bytes.Buffer
+	for _, c := range cs {
+		fmt.Fprintf(&b, "%s %d %d\n", c.consumer, c.seq, c.dseq)
+	}
+	return b.Bytes()
+}
+
+// answerHoldCheck answers a sweep's hold check (a line "consumer seq dseq"
+// per message): the lines "consumer seq" of the messages this receiver
+// holds. Every other one it revokes.
+func (r *receiver) answerHoldCheck(req []byte) []byte {
+	var held bytes.Buffer
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for line := range strings.Lines(string(req)) {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		seq, err1 := strconv.ParseUint(f[1], 10, 64)
+		dseq, err2 := strconv.ParseUint(f[2], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		k := heldKey{consumer: f[0], seq: seq}
+		if _, ok := r.held[k]; ok {
+			fmt.Fprintf(&held, "%s %d\n", f[0], seq)
+			continue
+		}
+		if rv := r.revoked[k]; rv.upTo < dseq {
+			r.revoked[k] = revocation{upTo: dseq, at: now}
+		}
+	}
+	return held.Bytes()
+}
+
+// revokedLocked reports whether the delivery of k with consumer sequence
+// dseq was handed back by a sweep. r.mu is held.
+func (r *receiver) revokedLocked(k heldKey, dseq uint64) bool {
+	rv, ok := r.revoked[k]
+	return ok && dseq <= rv.upTo
+}
+
+// forgetRevocations drops revocations older than revocationLife.
+func (r *receiver) forgetRevocations() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, rv := range r.revoked {
+		if time.Since(rv.at) > revocationLife {
+			delete(r.revoked, k)
+		}
+	}
+}
+
+// join records this receiver as a member of the subscription.
+func (m *perKeyMode) join(ctx context.Context) error {
+	kv, err := m.r.c.stateBucket(ctx)
+	if err != nil {
+		return err
+	}
+	m.members = kv
+	if _, err := kv.Put(ctx, m.r.sub.memberPrefix()+m.r.presence.id, nil); err != nil {
+		return fmt.Errorf("record member: %w", err)
+	}
+	return nil
+}
+
+// leave removes this receiver's member record.
+func (m *perKeyMode) leave(deadline time.Time) {
+	if m.members == nil {
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	_ = m.members.Delete(ctx, m.r.sub.memberPrefix()+m.r.presence.id)
+}
+
+// memberCheckInterval is how often the discovery lease's holder asks
+// whether the members are there.
+const memberCheckInterval = 500 * time.Millisecond
+
+// watchMembers sweeps for every member found gone while ctx lasts (the
+// discovery lease is held). A member gone before this discoverer took the
+// lease is found at once, from the watch's initial values.
+func (o *discoverer) watchMembers(ctx context.Context) {
+	prefix := o.r.sub.memberPrefix()
+	w, err := o.members.Watch(ctx, prefix+"*")
+	if err != nil {
+		o.warn("members not watched: a dead receiver's messages wait for their ack deadline", err)
+		return
+	}
+	defer func() { _ = w.Stop() }()
+	members := make(map[string]uint64) // id -> record revision
+	t := time.NewTicker(memberCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e != nil {
+				id := strings.TrimPrefix(e.Key(), prefix)
+				if e.Operation() == jetstream.KeyValuePut {
+					members[id] = e.Revision()
+				} else {
+					delete(members, id)
+				}
+				continue
+			}
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		for id, rev := range members {
+			if ctx.Err() != nil {
+				return
+			}
+			if id == o.r.presence.id || !o.r.presence.gone(ctx, id) {
+				continue
+			}
+			// Only one sweeper removes the record it read.
+			if err := o.members.Delete(ctx, prefix+id, jetstream.LastRevision(rev)); err != nil {
+				continue
+			}
+			delete(members, id)
+			o.sweep(ctx, id)
+		}
+	}
+}
+
+// sweep hands back every unacked message of the subscription's key
+// consumers that no member holds, now that the member dead is gone.
+func (o *discoverer) sweep(ctx context.Context, dead string) {
+	cctx, cancel, err := o.lease.opContext(ctx)
+	if err != nil {
+		return
+	}
+	defer cancel()
+	prefix := keyrouter.KeyConsumerPrefix(o.rec.Project, o.rec.nameID())
+	var busy []string
+	lister := o.stream.ListConsumers(cctx)
+	for info := range lister.Info() {
+		if strings.HasPrefix(info.Name, prefix) && info.NumAckPending > 0 {
+			busy = append(busy, info.Name)
+		}
+	}
+	if err := lister.Err(); err != nil {
+		o.warn("sweep for a gone receiver: list consumers", err)
+		return
+	}
+	if len(busy) == 0 {
+		return
+	}
+
+	// Pause them, and read what each has unacked once paused.
+	var (
+		mu     sync.Mutex
+		paused []string
+		checks []holdCheck
+	)
+	_ = forEachParallel(cctx, busy, cleanupWorkers, func(cctx context.Context, name string) error {
+		if _, err := o.c.js.PauseConsumer(cctx, o.rec.stream(), name, time.Now().Add(2*o.c.cfg.apiTimeout)); err != nil {
+			return nil
+		}
+		mu.Lock()
+		paused = append(paused, name)
+		mu.Unlock()
+		info, err := o.consumerInfo(cctx, name)
+		// Paused must show in the info itself (retire says why). With
+		// MaxAckPending 1 the message unacked is the last one delivered.
+		if err != nil || !info.Paused || info.NumAckPending == 0 || info.Delivered.Stream <= info.AckFloor.Stream {
+			return nil
+		}
+		mu.Lock()
+		checks = append(checks, holdCheck{consumer: name, seq: info.Delivered.Stream, dseq: info.Delivered.Consumer})
+		mu.Unlock()
+		return nil
+	})
+	defer func() {
+		_ = forEachParallel(context.Background(), paused, cleanupWorkers, func(_ context.Context, name string) error {
+			o.resume(name)
+			return nil
+		})
+	}()
+	if len(checks) == 0 {
+		return
+	}
+
+	held, err := o.askMembers(cctx, dead, checks)
+	if err != nil {
+		o.warn("sweep for a gone receiver: a member did not answer; its messages come back at their ack deadline", err)
+		return
+	}
+	if !o.lease.valid() {
+		return
+	}
+	nacked := 0
+	for _, c := range checks {
+		if held[heldKey{consumer: c.consumer, seq: c.seq}] {
+			continue
+		}
+		subject := fmt.Sprintf("$JS.ACK.%s.%s.1.%d.%d.%d.0", o.rec.stream(), c.consumer, c.seq, c.dseq, time.Now().UnixNano())
+		if err := o.c.nc.Publish(subject, ackPayload[ackNak]); err == nil {
+			nacked++
+		}
+	}
+	if nacked > 0 {
+		o.c.cfg.logger.Info("receiver is gone: its unacked messages are delivered again now",
+			"subscription", o.rec.ID, "receiver", dead, "messages", nacked)
+	}
+}
+
+// holdCheckBatch bounds the lines of one hold-check request, well within
+// NATS' default payload limit.
+const holdCheckBatch = 4000
+
+// askMembers asks every member but dead which of checks it holds. Any
+// member that neither answers nor is gone makes it fail.
+func (o *discoverer) askMembers(ctx context.Context, dead string, checks []holdCheck) (map[heldKey]bool, error) {
+	prefix := o.r.sub.memberPrefix()
+	keys, err := o.members.ListKeysFiltered(ctx, prefix+"*")
+	if err != nil {
+		return nil, fmt.Errorf("list members: %w", err)
+	}
+	var ids []string
+	for k := range keys.Keys() {
+		ids = append(ids, strings.TrimPrefix(k, prefix))
+	}
+	_ = keys.Stop()
+	held := make(map[heldKey]bool)
+	for start := 0; start < len(checks); start += holdCheckBatch {
+		req := encodeHoldChecks(checks[start:min(start+holdCheckBatch, len(checks))])
+		for _, id := range ids {
+			var answer []byte
+			switch id {
+			case dead:
+				continue
+			case o.r.presence.id:
+				answer = o.r.answerHoldCheck(req)
+			default:
+				actx, cancel := context.WithTimeout(ctx, time.Second)
+				a, gone, err := o.r.presence.ask(actx, id, req)
+				cancel()
+				if err != nil {
+					return nil, fmt.Errorf("member %s: %w", id, err)
+				}
+				if gone {
+					continue
+				}
+				answer = a
+			}
+			for line := range strings.Lines(string(answer)) {
+				name, seq, ok := strings.Cut(strings.TrimSpace(line), " ")
+				if n, err := strconv.ParseUint(seq, 10, 64); ok && err == nil {
+					held[heldKey{consumer: name, seq: n}] = true
+				}
+			}
+		}
+	}
+	return held, nil
+}
