@@ -18,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
@@ -37,15 +36,10 @@ import (
 // delivered again.
 //
 // Sizes: JETORDER_CHAOS_KEYS (default 100), JETORDER_CHAOS_PER_KEY (30)
-// and JETORDER_CHAOS_KILLS (10 partitioned, 4 per-key, whose stall is an
-// ack deadline, 10 s here). docs/RELIABILITY.md has the figures, and why
-// NATS kills are not in the default run.
+// and JETORDER_CHAOS_KILLS (10). docs/RELIABILITY.md has the figures, and
+// why NATS kills are not in the default run.
 func TestFaultChaosKills(t *testing.T) {
-	defKills := 10
-	if testDelivery == adapter.DeliveryPerKey {
-		defKills = 4
-	}
-	keys, perKey, kills := chaosEnv("KEYS", 100), chaosEnv("PER_KEY", 30), chaosEnv("KILLS", defKills)
+	keys, perKey, kills := chaosEnv("KEYS", 100), chaosEnv("PER_KEY", 30), chaosEnv("KILLS", 10)
 	killNATS := os.Getenv("JETORDER_CHAOS_NATS") == "1"
 	bin := killBuildSidecar(t)
 	natsAddr := freeAddr(t)
@@ -214,12 +208,12 @@ func TestFaultChaosKills(t *testing.T) {
 		w.mu.Unlock()
 	}
 	t.Logf("delivery %s, %d keys x %d messages:\n%s", deliveryName(), keys, perKey, strings.Join(lines, "\n"))
-	// In partitioned delivery a crash costs a restart, the client's
-	// reconnect (its backoff grows while the sidecar is down) and a
-	// take-over, never an ack deadline (10 s). (The figures, not this
-	// bound, are what docs/RELIABILITY.md reports.)
+	// A crash costs a restart, the client's reconnect (its backoff grows
+	// while the sidecar is down) and a take-over, never an ack deadline
+	// (10 s). (The figures, not this bound, are what docs/RELIABILITY.md
+	// reports.)
 	for i, r := range out {
-		if testDelivery != adapter.DeliveryPerKey && r.stall > 8*time.Second {
+		if r.stall > 8*time.Second {
 			t.Errorf("kill %d (%s): delivery stalled %v", i+1, r.what, r.stall)
 		}
 	}
