@@ -43,6 +43,9 @@ type discoverer struct {
 	subsKV   jetstream.KeyValue
 	members  jetstream.KeyValue // the state bucket, which holds member records
 	floorKey string
+	// sweptReconnects is the connection's reconnect count when a sweep
+	// after a reconnect last succeeded (takeover_perkey.go).
+	sweptReconnects uint64
 
 	stream      jetstream.Stream
 	startFloor  uint64 // the stored floor when this discoverer took the lease
@@ -81,7 +84,7 @@ const (
 )
 
 func newDiscoverer(r *receiver) *discoverer {
-	return &discoverer{r: r, c: r.c, rec: r.rec, floorKey: r.sub.floorKey(r.rec.Epoch)}
+	return &discoverer{r: r, c: r.c, rec: r.rec, floorKey: r.sub.floorKey(r.rec.Epoch), sweptReconnects: r.c.nc.Stats().Reconnects}
 }
 
 func (o *discoverer) warn(msg string, err error) {

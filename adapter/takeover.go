@@ -167,6 +167,8 @@ func (m *partitionedMode) watchOwners() {
 	}
 	defer func() { _ = w.Stop() }()
 	records := make(map[int]ownerRecord)
+	reconnects := m.r.c.nc.Stats().Reconnects
+	lostAcks := make(map[int]bool) // owned partitions to check for acks the server lost
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -188,6 +190,17 @@ func (m *partitionedMode) watchOwners() {
 		case <-m.stopped:
 			return
 		}
+		if n := m.r.c.nc.Stats().Reconnects; n != reconnects {
+			reconnects = n
+			for _, p := range m.parts {
+				lostAcks[p.index] = true
+			}
+		}
+		for i := range lostAcks {
+			if m.parts[i].recoverLostAcks(ctx) {
+				delete(lostAcks, i)
+			}
+		}
 		gone := make(map[string]bool)
 		for _, p := range m.parts {
 			rec, ok := records[p.index]
@@ -207,6 +220,33 @@ func (m *partitionedMode) watchOwners() {
 			}
 		}
 	}
+}
+
+// recoverLostAcks runs after this receiver's connection came back: the
+// server may have restarted, and come back with acks it had answered lost
+// (docs/RELIABILITY.md). Those messages are unacked, held by nobody, until
+// their ack deadline, and a successor taking the partition over meanwhile
+// would not know they were acked. An owner nacks them at once, so they
+// come back to it while it still remembers them, and its gates ack them
+// again unseen. It reports whether the partition is done with (not owned,
+// or checked).
+func (p *partition) recoverLostAcks(ctx context.Context) bool {
+	p.mu.Lock()
+	owned := p.g.pin != ""
+	p.mu.Unlock()
+	if !owned {
+		return true // a new owner fences, which does the same
+	}
+	ctx, cancel := context.WithTimeout(ctx, min(p.r.c.cfg.apiTimeout, 2*time.Second))
+	defer cancel()
+	info, err := p.cons.Info(ctx)
+	if err != nil {
+		return false // the server may not be back yet
+	}
+	if info.NumAckPending > 0 {
+		p.nackUnheld(ctx, info, ownerRecord{receiver: p.m.rid()})
+	}
+	return true
 }
 
 // takeFromGone frees p from rec, its recorded owner, which is gone

@@ -177,6 +177,13 @@ func (o *discoverer) watchMembers(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
+		// After a reconnect the server may have restarted, and come back
+		// with acks it had answered lost: those messages are unacked, held
+		// by nobody, until their ack deadline. Sweep for them once every
+		// member can answer again.
+		if n := o.c.nc.Stats().Reconnects; n != o.sweptReconnects && o.sweep(ctx, "") {
+			o.sweptReconnects = n
+		}
 		for id, rev := range members {
 			if ctx.Err() != nil {
 				return
@@ -195,11 +202,12 @@ func (o *discoverer) watchMembers(ctx context.Context) {
 }
 
 // sweep hands back every unacked message of the subscription's key
-// consumers that no member holds, now that the member dead is gone.
-func (o *discoverer) sweep(ctx context.Context, dead string) {
+// consumers that no member holds, now that the member dead (if not "") is
+// gone. It reports whether it asked every member, or had nothing to ask.
+func (o *discoverer) sweep(ctx context.Context, dead string) bool {
 	cctx, cancel, err := o.lease.opContext(ctx)
 	if err != nil {
-		return
+		return false
 	}
 	defer cancel()
 	prefix := keyrouter.KeyConsumerPrefix(o.rec.Project, o.rec.nameID())
@@ -211,11 +219,11 @@ func (o *discoverer) sweep(ctx context.Context, dead string) {
 		}
 	}
 	if err := lister.Err(); err != nil {
-		o.warn("sweep for a gone receiver: list consumers", err)
-		return
+		o.warn("sweep: list consumers", err)
+		return false
 	}
 	if len(busy) == 0 {
-		return
+		return true
 	}
 
 	// Pause them, and read what each has unacked once paused.
@@ -249,16 +257,16 @@ func (o *discoverer) sweep(ctx context.Context, dead string) {
 		})
 	}()
 	if len(checks) == 0 {
-		return
+		return true
 	}
 
 	held, err := o.askMembers(cctx, dead, checks)
 	if err != nil {
-		o.warn("sweep for a gone receiver: a member did not answer; its messages come back at their ack deadline", err)
-		return
+		o.c.cfg.logger.Debug("sweep: a member did not answer; unacked messages nobody holds come back at their ack deadline", "subscription", o.rec.ID, "err", err)
+		return false
 	}
 	if !o.lease.valid() {
-		return
+		return false
 	}
 	nacked := 0
 	for _, c := range checks {
@@ -270,10 +278,15 @@ func (o *discoverer) sweep(ctx context.Context, dead string) {
 			nacked++
 		}
 	}
-	if nacked > 0 {
+	switch {
+	case nacked > 0 && dead == "":
+		o.c.cfg.logger.Info("unacked messages nobody holds (acks the server lost) are delivered again now",
+			"subscription", o.rec.ID, "messages", nacked)
+	case nacked > 0:
 		o.c.cfg.logger.Info("receiver is gone: its unacked messages are delivered again now",
 			"subscription", o.rec.ID, "receiver", dead, "messages", nacked)
 	}
+	return true
 }
 
 // holdCheckBatch bounds the lines of one hold-check request, well within
