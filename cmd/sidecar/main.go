@@ -6,7 +6,8 @@
 //
 // Every flag can also be set by environment: --data-dir is
 // JETORDER_DATA_DIR, --grpc-addr is JETORDER_GRPC_ADDR, and so on. A flag
-// given on the command line wins.
+// given on the command line wins. --version prints what was built and
+// exits.
 package main
 
 import (
@@ -14,9 +15,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,12 +33,35 @@ import (
 
 type config struct {
 	sidecar.Config
-	logLevel string
+	logLevel  slog.Level
+	logFormat string // "text" or "json"
+	version   bool   // print the version and exit
 }
 
-func parseConfig(args []string) (config, error) {
+// usageHead comes before the flags in the -h output.
+const usageHead = `Usage: sidecar [flags]
+
+The jetorder sidecar: the Google Pub/Sub v1 gRPC API and an HTTP API with
+ordering keys, over an embedded nats-server (JetStream store in --data-dir)
+or an existing NATS server or cluster (--nats-url).
+
+Every flag can also be set as JETORDER_<FLAG>, upper case with _ for -
+(--grpc-addr is JETORDER_GRPC_ADDR); a flag given here wins.
+
+Flags:
+`
+
+// parseConfig reads the flags in args, with the environment's values as
+// their defaults. On -h it writes the usage to help and returns
+// flag.ErrHelp. It prints nothing else: the caller prints a returned error
+// (once).
+func parseConfig(args []string, help io.Writer) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
+	// flag would print a parse error and the whole usage itself, and the
+	// caller the error again: both go through the returned error instead.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	str := func(p *string, name, def, usage string) { fs.StringVar(p, name, envOr(name, def), usage) }
 	str(&c.GRPCAddr, "grpc-addr", "127.0.0.1:8085", "Pub/Sub gRPC API address (PUBSUB_EMULATOR_HOST for clients)")
 	str(&c.HTTPAddr, "http-addr", "127.0.0.1:8080", `HTTP API address: publish, /healthz, /readyz, /metrics ("off" disables it)`)
@@ -53,7 +79,10 @@ func parseConfig(args []string) (config, error) {
 	str(&c.NATSTLSCert, "nats-tls-cert", "", "client certificate file for NATS")
 	str(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS")
 	str(&c.Project, "project", "default", "project of HTTP routes that name none")
-	str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	var logLevel string
+	str(&logLevel, "log-level", "info", "debug, info, warn or error; debug logs every gRPC call and HTTP request")
+	str(&c.logFormat, "log-format", "text", `"text" (key=value) or "json" (one object per line), on stderr`)
+	fs.BoolVar(&c.version, "version", false, "print the version, the commit, and the nats-server version, and exit")
 	var delivery, replicas, maxOutstanding, maxStreams, shutdown, webhookOrigins, webhookRate, pushMax string
 	str(&delivery, "delivery", string(adapter.DefaultDelivery), `delivery of ordered subscriptions created without a jetorder-delivery label: "per-key" or "partitioned" (docs/SIDECAR.md)`)
 	str(&replicas, "replicas", "1", "replicas of the streams and buckets the sidecar creates (3 in a cluster)")
@@ -65,12 +94,28 @@ func parseConfig(args []string) (config, error) {
 	str(&c.PushAllow, "push-allow", push.DefaultAllow, `push endpoints subscriptions may name, comma-separated: "loopback", host names, *.domain, IPs, CIDR prefixes, each with an optional :port ("off" disables push)`)
 	str(&pushMax, "push-max-outstanding", strconv.Itoa(pubsubapi.DefaultPushMaxOutstanding), "push requests in flight per subscription, for ordering keys and for unkeyed messages each")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(help)
+			fmt.Fprint(help, usageHead)
+			fs.PrintDefaults()
+		}
 		return c, err
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
+	if c.version {
+		return c, nil // the rest does not matter
+	}
 	var err error
+	if e := c.logLevel.UnmarshalText([]byte(logLevel)); e != nil {
+		err = errors.Join(err, fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel))
+	}
+	switch c.logFormat {
+	case "text", "json":
+	default:
+		err = errors.Join(err, fmt.Errorf("--log-format %q: want text or json", c.logFormat))
+	}
 	positive := func(name, v string) int {
 		n, e := strconv.Atoi(v)
 		if e != nil || n < 1 {
@@ -158,24 +203,37 @@ func envOr(flagName, def string) string {
 }
 
 func main() {
-	cfg, err := parseConfig(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "sidecar:", err)
-		os.Exit(2)
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.logLevel)); err != nil {
-		fmt.Fprintln(os.Stderr, "sidecar: --log-level:", err)
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, logProcessWide)
+	stop()
+	os.Exit(code)
+}
+
+// run is the sidecar's command: it parses args, then prints the version,
+// or logs to stderr and serves until ctx ends. It returns the exit code: 0
+// after a shutdown ctx asked for (or -h, or --version), 1 when the sidecar
+// failed, 2 for a bad command line. global, if not nil, is given the
+// logger before the sidecar starts.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, global func(*slog.Logger)) int {
+	cfg, err := parseConfig(args, stdout)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case err != nil:
+		fmt.Fprintf(stderr, "sidecar: %v\nRun sidecar -h for the flags.\n", err)
+		return 2
+	case cfg.version:
+		bi, _ := debug.ReadBuildInfo()
+		fmt.Fprint(stdout, version(bi, commit))
+		return 0
+	}
+	log := newLogger(stderr, cfg.logFormat, cfg.logLevel)
+	if global != nil {
+		global(log)
+	}
 	if err := sidecar.Run(ctx, cfg.Config, log, nil); err != nil {
 		log.Error("sidecar stopped", "err", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }

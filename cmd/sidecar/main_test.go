@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"net"
 	"slices"
 	"testing"
@@ -10,7 +11,7 @@ import (
 func TestParseConfig(t *testing.T) {
 	t.Setenv("JETORDER_DATA_DIR", "/from/env")
 	t.Setenv("JETORDER_MAX_STREAMS", "7")
-	cfg, err := parseConfig(nil)
+	cfg, err := parseConfig(nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -18,7 +19,7 @@ func TestParseConfig(t *testing.T) {
 		cfg.GRPCAddr != "127.0.0.1:8085" || cfg.HTTPAddr != "127.0.0.1:8080" || cfg.ShutdownTimeout != 5*time.Second {
 		t.Fatalf("defaults and env: %+v", cfg)
 	}
-	cfg, err = parseConfig([]string{"--data-dir", "/from/flag", "--nats-listen", "127.0.0.1:4222", "--grpc-addr", ":9000"})
+	cfg, err = parseConfig([]string{"--data-dir", "/from/flag", "--nats-listen", "127.0.0.1:4222", "--grpc-addr", ":9000"}, io.Discard)
 	if err != nil || cfg.DataDir != "/from/flag" || cfg.NATSListen != "127.0.0.1:4222" || cfg.GRPCAddr != ":9000" {
 		t.Fatalf("flags: %+v, %v", cfg, err)
 	}
@@ -42,7 +43,7 @@ func TestParseConfig(t *testing.T) {
 		{"--webhook-allowed-rate", "fast"},
 		{"stray"},
 	} {
-		if _, err := parseConfig(bad); err == nil {
+		if _, err := parseConfig(bad, io.Discard); err == nil {
 			t.Errorf("parseConfig(%q) accepted", bad)
 		}
 	}
@@ -51,7 +52,7 @@ func TestParseConfig(t *testing.T) {
 // The webhook validation flags: every origin ("*") and no rate limit (0)
 // by default, a list and a rate when given, by flag or environment.
 func TestParseConfigWebhook(t *testing.T) {
-	cfg, err := parseConfig(nil)
+	cfg, err := parseConfig(nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func TestParseConfigWebhook(t *testing.T) {
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
-			cfg, err := parseConfig(tc.args)
+			cfg, err := parseConfig(tc.args, io.Discard)
 			if err != nil || !slices.Equal(cfg.WebhookAllowedOrigins, tc.origins) || cfg.WebhookAllowedRate != tc.rate {
 				t.Errorf("parseConfig(%q) with env %v: origins %q, rate %d, err %v; want %q, %d",
 					tc.args, tc.env, cfg.WebhookAllowedOrigins, cfg.WebhookAllowedRate, err, tc.origins, tc.rate)
@@ -90,7 +91,7 @@ func TestParseConfigWebhook(t *testing.T) {
 // By default nothing listens beyond loopback and the embedded server has no
 // client port; secrets can come from the environment, out of sight of ps.
 func TestParseConfigSecurityDefaults(t *testing.T) {
-	cfg, err := parseConfig(nil)
+	cfg, err := parseConfig(nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +108,7 @@ func TestParseConfigSecurityDefaults(t *testing.T) {
 	t.Setenv("JETORDER_NATS_PASSWORD", "secret")
 	t.Setenv("JETORDER_NATS_TOKEN", "tok")
 	cfg, err = parseConfig([]string{"--nats-url", "tls://nats:4222", "--nats-user", "app",
-		"--nats-tls-ca", "ca.pem", "--nats-tls-cert", "c.pem", "--nats-tls-key", "k.pem"})
+		"--nats-tls-ca", "ca.pem", "--nats-tls-cert", "c.pem", "--nats-tls-key", "k.pem"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -233,6 +233,8 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		// Pub/Sub accepts 10 MB publish requests; leave room for framing.
 		grpc.MaxRecvMsgSize(maxGRPCMessage),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(logUnary(log)),
+		grpc.ChainStreamInterceptor(logStream(log)),
 	}
 	if tlsConf != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsConf)))
@@ -248,7 +250,7 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 
 	if s.hl != nil {
 		s.httpSrv = &http.Server{
-			Handler: httpapi.New(httpapi.Config{
+			Handler: logRequests(log, httpapi.New(httpapi.Config{
 				Broker:         s.b,
 				DefaultProject: cfg.Project,
 				Ready:          s.ready,
@@ -257,7 +259,7 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 
 				WebhookAllowedOrigins: cfg.WebhookAllowedOrigins,
 				WebhookAllowedRate:    cfg.WebhookAllowedRate,
-			}),
+			})),
 			ReadHeaderTimeout: 10 * time.Second,
 			TLSConfig:         tlsConf,
 			// Failed handshakes and the like: to our log, not the standard one.
