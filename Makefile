@@ -1,18 +1,22 @@
 # jetorder: ordering keys on NATS JetStream.
 GO ?= go
 
-.PHONY: run test bench soak fuzz build
+.PHONY: run test browser bench soak fuzz build
 
 ## run: start the sidecar with its embedded NATS server (data in ./data)
 run:
 	$(GO) run ./cmd/sidecar --data-dir ./data --nats-listen 127.0.0.1:4222
 
 ## test: vet and run every test with the race detector; the integration suite runs twice, the second time with per-key delivery
-test:
+test: browser
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
 	# -count=1: the test cache does not see the variable (read at package init)
 	JETORDER_TEST_DELIVERY=per-key $(GO) test -race -count=1 -timeout 20m ./integration
+
+## browser: a Chromium for the status page's browser test; .ci/chromium installs Debian's chromium when none is found (as root)
+browser:
+	bash .ci/chromium
 
 ## bench: throughput, latency and memory against raw JetStream baselines
 bench:

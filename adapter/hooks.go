@@ -23,6 +23,9 @@ type Hooks interface {
 // PartitionChange is a change in one partition of a partitioned
 // subscription, as this process sees it.
 type PartitionChange struct {
+	// Partition is the partition's index, 0 to the partition count less
+	// one: the NN of its consumer's name (docs/WIRE.md).
+	Partition int
 	// Owned is +1 when this process became the partition's owner, -1 when
 	// it lost or gave the partition up.
 	Owned int

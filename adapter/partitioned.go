@@ -611,6 +611,7 @@ func (p *partition) reportLocked() {
 	c.Buffered = len(p.g.held) - p.reported
 	p.reported = len(p.g.held)
 	if c != (PartitionChange{}) {
+		c.Partition = p.index
 		h.PartitionChanged(p.r.sub, c)
 	}
 }

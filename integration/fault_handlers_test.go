@@ -3,8 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -196,24 +194,17 @@ func TestFaultPoisonKeyWaitsVisibleInMetrics(t *testing.T) {
 	}
 	rs.quiet(time.Second, "the poisoned key's next message came while the poison was out")
 
-	metrics := func() string {
-		resp, err := http.Get("http://" + sc.at.HTTP + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return string(body)
-	}
-	body := metrics()
-	for _, want := range []string{
-		fmt.Sprintf("jetorder_max_delivery_attempt %d\n", attempts),
-		fmt.Sprintf("jetorder_redelivered_total %d\n", attempts-1),
-		"jetorder_dead_lettered_total 0\n",
-		"jetorder_active_keys 1\n",
+	m := testutil.Scrape(t, "http://"+sc.at.HTTP+"/metrics")
+	sub := []string{"subscription", subPath("poisoned-sub")}
+	for name, want := range map[string]float64{
+		"jetorder_max_delivery_attempt": attempts,
+		"jetorder_redelivered_total":    attempts - 1,
+		"jetorder_dead_lettered_total":  0,
+		"jetorder_keys_in_flight":       1,
+		"jetorder_paused_keys":          1,
 	} {
-		if !strings.Contains(body, want) {
-			t.Errorf("metrics lack %q:\n%s", want, body)
+		if v, ok := m.Value(name, sub...); !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -565,18 +566,13 @@ func TestHostileMessageSizes(t *testing.T) {
 	injAssertStored(t, js, project, "hostile", 3)
 }
 
-// hostileMetric polls /metrics until the line name has value want.
+// hostileMetric polls /metrics until the series of name, summed over
+// their labels, come to want.
 func hostileMetric(t *testing.T, sc *sidecarProc, name string, want int) {
 	t.Helper()
-	line := fmt.Sprintf("\n%s %d\n", name, want)
 	testutil.Eventually(t, 15*time.Second, func() bool {
-		resp, err := http.Get("http://" + sc.at.HTTP + "/metrics")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return strings.Contains(string(b), line)
+		m, err := testutil.ScrapeErr("http://" + sc.at.HTTP + "/metrics")
+		return err == nil && m.Sum(name) == float64(want)
 	}, "metric %s never %d", name, want)
 }
 
@@ -602,13 +598,18 @@ func TestHostileStreamingPullBounds(t *testing.T) {
 		idle = append(idle, cancel)
 	}
 	hostileMetric(t, sc, "jetorder_streaming_pull_streams", 2)
-	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("hostile-sub"), StreamAckDeadlineSeconds: 60})
-	select {
-	case err := <-rs.errc:
-		hostileAssertStatus(t, "a third stream", err, codes.ResourceExhausted, "too many StreamingPull streams (at most 2)")
-	case <-time.After(15 * time.Second):
-		t.Fatal("a third stream was not refused")
+	// The refusal may end the stream before its first request is sent:
+	// Send then fails with io.EOF, and Recv has the status.
+	third, cancelThird := context.WithTimeout(ctx, 15*time.Second)
+	defer cancelThird()
+	stream, err := subc.StreamingPull(third)
+	if err == nil {
+		err = stream.Send(&pb.StreamingPullRequest{Subscription: subPath("hostile-sub"), StreamAckDeadlineSeconds: 60})
 	}
+	if err == nil || errors.Is(err, io.EOF) {
+		_, err = stream.Recv()
+	}
+	hostileAssertStatus(t, "a third stream", err, codes.ResourceExhausted, "too many StreamingPull streams (at most 2)")
 	idle[0]()
 	hostileMetric(t, sc, "jetorder_streaming_pull_streams", 1)
 

@@ -3,9 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
-	"io"
 	"maps"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -732,20 +730,29 @@ func TestSidecarDeadLetterAndMetrics(t *testing.T) {
 		t.Fatalf("dead letter = %q key %q attributes %v", dead.GetMessage().GetData(), dead.GetMessage().GetOrderingKey(), attrs)
 	}
 
-	var body []byte
+	var m testutil.Metrics
+	sub := []string{"subscription", subPath("work-sub")}
 	// The move is counted just after it is stored.
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		resp, err := http.Get("http://" + sc.at.HTTP + "/metrics")
-		if err != nil {
-			return false
+		m = testutil.Scrape(t, "http://"+sc.at.HTTP+"/metrics")
+		v, _ := m.Value("jetorder_dead_lettered_total", sub...)
+		return v == 1
+	}, "metrics do not count the dead letter")
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"jetorder_nacked_total", sub, 5},
+		{"jetorder_redelivered_total", sub, 4},
+		{"jetorder_published_total", []string{"topic", topicPath("work")}, 2},
+		{"jetorder_streaming_pull_streams", sub, 1},
+	} {
+		if v, ok := m.Value(c.name, c.labels...); !ok || v != c.want {
+			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, v, ok, c.want)
 		}
-		body, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return strings.Contains(string(body), "jetorder_dead_lettered_total 1\n")
-	}, "metrics do not count the dead letter:\n%s", func() string { return string(body) })
-	for _, want := range []string{"jetorder_nacked_total 5\n", "jetorder_redelivered_total 4\n", "jetorder_published_total 2\n", "jetorder_streaming_pull_streams 1\n", "jetorder_live_consumers "} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("metrics lack %q:\n%s", want, body)
-		}
+	}
+	if _, ok := m.Value("jetorder_live_consumers"); !ok {
+		t.Error("no jetorder_live_consumers")
 	}
 }

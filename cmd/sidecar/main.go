@@ -64,7 +64,7 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	fs.Usage = func() {}
 	str := func(p *string, name, def, usage string) { fs.StringVar(p, name, envOr(name, def), usage) }
 	str(&c.GRPCAddr, "grpc-addr", "127.0.0.1:8085", "Pub/Sub gRPC API address (PUBSUB_EMULATOR_HOST for clients)")
-	str(&c.HTTPAddr, "http-addr", "127.0.0.1:8080", `HTTP API address: publish, /healthz, /readyz, /metrics ("off" disables it)`)
+	str(&c.HTTPAddr, "http-addr", "127.0.0.1:8080", `HTTP API address: publish, the status page (/), /healthz, /readyz, /metrics ("off" disables it)`)
 	str(&c.TLSCert, "tls-cert", "", "certificate file: serve the gRPC and HTTP APIs over TLS")
 	str(&c.TLSKey, "tls-key", "", "private key file for --tls-cert")
 	str(&c.DataDir, "data-dir", "./data", "JetStream store of the embedded nats-server")

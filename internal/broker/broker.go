@@ -55,7 +55,7 @@ func New(nc *nats.Conn, log *slog.Logger, m *metrics.Registry, opts ...adapter.O
 		log = slog.New(slog.DiscardHandler)
 	}
 	if m == nil {
-		m = &metrics.Registry{}
+		m = metrics.New()
 	}
 	return &Broker{
 		nc: nc, opts: opts, log: log, Metrics: m,
@@ -142,6 +142,7 @@ func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*ada
 		return nil, err
 	}
 	start := time.Now()
+	mt := b.Metrics.Topic("projects/" + project + "/topics/" + topic)
 	results := make([]*adapter.PublishResult, len(msgs))
 	for i, m := range msgs {
 		results[i] = t.Publish(ctx, m)
@@ -163,8 +164,8 @@ func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*ada
 			continue
 		}
 		ids[i] = id
-		b.Metrics.Published.Inc()
-		b.Metrics.PublishLatency.Observe(time.Since(start))
+		mt.Published.Inc()
+		mt.PublishLat.Observe(time.Since(start).Seconds())
 	}
 	if len(paused) > 0 {
 		// Wait for every result first, so that no message of this request

@@ -1,7 +1,7 @@
 // Package httpapi is the sidecar's HTTP API: Google Pub/Sub's REST API
 // (publishing always; topics, subscriptions and snapshots when
 // Config.PubSub is set), publishing CloudEvents over the CloudEvents HTTP
-// binding, and the health and metrics endpoints.
+// binding, the health and metrics endpoints, and the status page.
 //
 // Routes (docs/HTTP.md has the request and response shapes):
 //
@@ -16,7 +16,9 @@
 //	                                                     the same, in Config.DefaultProject
 //	GET  /healthz                                        200 while the process serves
 //	GET  /readyz                                         200 when Config.Ready returns nil, else 503
-//	GET  /metrics                                        Prometheus text format
+//	GET  /metrics                                        Prometheus metrics, text format by default
+//	GET  /                                               the status page (with Config.Status; its files under /status/)
+//	GET  /v1/status                                      the sidecar's status as JSON (with Config.Status)
 //
 // With Config.PubSub, the rest of Pub/Sub's REST API (rest.go), each route
 // decoded as its google.api.http rule says and served by the PubSub method

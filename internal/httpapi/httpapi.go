@@ -19,6 +19,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/status"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -36,8 +37,9 @@ var publishTimeout = adapter.DefaultPublishSettings.Timeout + 5*time.Second
 const (
 	// readyTimeout bounds a Config.Ready call.
 	readyTimeout = 5 * time.Second
-	// metricsContentType is the Prometheus text exposition format.
-	metricsContentType = "text/plain; version=0.0.4; charset=utf-8"
+	// statusTimeout bounds the wait of a /v1/status request for the
+	// sidecar's first read of JetStream.
+	statusTimeout = 5 * time.Second
 )
 
 // Config configures the HTTP API.
@@ -76,6 +78,10 @@ type Config struct {
 	// (no limit). The sidecar tells senders the rate but does not enforce
 	// it.
 	WebhookAllowedRate int
+	// Status returns the sidecar's status, for GET /v1/status and the
+	// status page at /; it may wait until ctx ends for a first reading.
+	// nil: neither is served (404).
+	Status func(ctx context.Context) *status.Status
 }
 
 type api struct {
@@ -85,9 +91,11 @@ type api struct {
 	log            *slog.Logger
 	maxBody        int64
 	mux            *http.ServeMux
+	metricsHandler http.Handler
 	pubsub         PubSub   // nil without the REST API
 	rest           *restAPI // its routes; nil without it
 	webhook        webhookPolicy
+	status         func(context.Context) *status.Status // nil: no status page
 }
 
 // New returns the HTTP API's handler (routes in the package comment). It
@@ -106,8 +114,10 @@ func New(cfg Config) http.Handler {
 		log:            cfg.Logger,
 		maxBody:        cfg.MaxBodyBytes,
 		mux:            http.NewServeMux(),
+		metricsHandler: cfg.Broker.Metrics.Handler(),
 		pubsub:         cfg.PubSub,
 		webhook:        newWebhookPolicy(cfg.WebhookAllowedOrigins, cfg.WebhookAllowedRate),
+		status:         cfg.Status,
 	}
 	if a.ready == nil {
 		a.ready = connected(a.b.Conn())
@@ -136,6 +146,11 @@ func New(cfg Config) http.Handler {
 	a.mux.HandleFunc("/healthz", a.healthz)
 	a.mux.HandleFunc("/readyz", a.readyz)
 	a.mux.HandleFunc("/metrics", a.metrics)
+	if a.status != nil {
+		a.mux.HandleFunc("/{$}", a.statusPage)
+		a.mux.HandleFunc("/status/{file}", a.statusPage)
+		a.mux.HandleFunc("/v1/status", a.statusJSON)
+	}
 	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, errorf(http.StatusNotFound, "no route for %s %s", r.Method, r.URL.Path))
 	})
@@ -325,10 +340,27 @@ func (a *api) metrics(w http.ResponseWriter, r *http.Request) {
 	if !a.allow(w, r, http.MethodGet, http.MethodHead) {
 		return
 	}
-	w.Header().Set("Content-Type", metricsContentType)
-	if err := a.b.Metrics.Write(w); err != nil {
-		a.log.Debug("write metrics", "err", err) // the scraper went away
+	a.metricsHandler.ServeHTTP(w, r)
+}
+
+// statusPage serves the status page and its assets.
+func (a *api) statusPage(w http.ResponseWriter, r *http.Request) {
+	if !a.allow(w, r, http.MethodGet, http.MethodHead) {
+		return
 	}
+	status.Page.ServeHTTP(w, r)
+}
+
+// statusJSON serves the sidecar's status (status.Status) as JSON.
+func (a *api) statusJSON(w http.ResponseWriter, r *http.Request) {
+	if !a.allow(w, r, http.MethodGet, http.MethodHead) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), statusTimeout)
+	defer cancel()
+	st := a.status(ctx)
+	w.Header().Set("Cache-Control", "no-store")
+	a.writeJSON(w, http.StatusOK, st)
 }
 
 // connected is the default readiness check: the NATS connection is up.

@@ -616,12 +616,16 @@ func TestHealthReadyMetrics(t *testing.T) {
 	}
 	next(t, msgs)
 	next(t, msgs)
-	r := get("/metrics")
-	if r.code != http.StatusOK || r.header.Get("Content-Type") != "text/plain; version=0.0.4; charset=utf-8" {
-		t.Fatalf("/metrics: %d, Content-Type %q", r.code, r.header.Get("Content-Type"))
+	m := testutil.Scrape(t, e.srv.URL+"/metrics")
+	if v, ok := m.Value("jetorder_published_total", "topic", "projects/"+project+"/topics/counted"); v != 2 {
+		t.Errorf("jetorder_published_total of the topic = %v (present %v), want 2", v, ok)
 	}
-	if !strings.Contains(string(r.body), "\njetorder_published_total 2\n") {
-		t.Errorf("/metrics does not count 2 published messages:\n%s", r.body)
+	if _, ok := m.Value("go_goroutines"); !ok {
+		t.Error("/metrics has no Go runtime metrics")
+	}
+	// Without Config.Status there is no status page.
+	if r := get("/"); r.code != http.StatusNotFound {
+		t.Errorf("GET / without a status: %d", r.code)
 	}
 }
 

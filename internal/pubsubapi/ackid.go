@@ -107,7 +107,7 @@ func (s *Server) parseAckIDs(sub string, ackIDs []string) (refs []ackRef, refuse
 		refs[i] = ref
 	}
 	if n > 0 {
-		s.b.Metrics.AckIDsRefused.Add(uint64(n))
+		s.b.Metrics.AckIDsRefused.Add(float64(n))
 	}
 	return refs, refused
 }

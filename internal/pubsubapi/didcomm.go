@@ -128,7 +128,7 @@ func (d *dispatcher) observeDIDComm(ctx context.Context, m *adapter.Message) (*t
 		m.Nack()
 		return nil, false
 	case obs.Duplicate:
-		d.s.b.Metrics.DIDCommCopies.Add(d.name, 1)
+		d.s.b.Metrics.DIDComm(d.name, 0, 0, 0, 1)
 		m.Ack()
 		return nil, false
 	}
@@ -138,15 +138,15 @@ func (d *dispatcher) observeDIDComm(ctx context.Context, m *adapter.Message) (*t
 		switch e.Kind {
 		case didcomm.GapOpened:
 			events = append(events, didcommEvent{Event: "gap_opened", Sender: e.Sender, First: e.Gap.First, Last: e.Gap.Last})
-			mt.DIDCommGapsOpened.Add(d.name, e.Gap.Len())
+			mt.DIDComm(d.name, e.Gap.Len(), 0, 0, 0)
 		case didcomm.GapFilled:
 			events = append(events, didcommEvent{Event: "gap_filled", Sender: e.Sender, Order: e.Order})
-			mt.DIDCommGapsFilled.Add(d.name, 1)
+			mt.DIDComm(d.name, 0, 1, 0, 0)
 		case didcomm.OutOfOrder:
 			events = append(events, didcommEvent{Event: "out_of_order", Sender: e.Sender, Order: e.Order})
 		case didcomm.GapAbandoned:
 			events = append(events, didcommEvent{Event: "gap_given_up", Sender: e.Sender, First: e.Gap.First, Last: e.Gap.Last, Orders: e.Gap.Len()})
-			mt.DIDCommGapsGivenUp.Add(d.name, e.Gap.Len())
+			mt.DIDComm(d.name, 0, 0, e.Gap.Len(), 0)
 		}
 	}
 	return &tracked{

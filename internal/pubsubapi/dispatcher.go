@@ -16,6 +16,8 @@ import (
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/metrics"
+	jstatus "github.com/jetorder/jetorder/internal/status"
 )
 
 // maxHeldExtension bounds how long the adapter keeps a message's JetStream
@@ -64,14 +66,23 @@ type dispatcher struct {
 	done     chan struct{} // closed when Receive has ended
 	err      error         // why Receive ended; set before done closes
 
+	// m is the subscription's counters and histograms.
+	m *metrics.Subscription
+
 	mu       sync.Mutex
 	leases   map[uint64]*lease
 	keys     map[string]int // ordering key -> messages held
 	attached int            // streams and Pull calls
-	idle     *time.Timer
-	stopped  bool
-	drainSet bool
-	drainEnd bool // drained is closed
+	streams  map[*pullStream]struct{}
+	// Messages held (with a client or waiting for one) by delivery
+	// attempt: below jstatus.PausedAttempt counted by attempt, from it on
+	// listed (the status page shows the keys they hold back).
+	byAttempt [jstatus.PausedAttempt]int
+	paused    map[*lease]struct{}
+	idle      *time.Timer
+	stopped   bool
+	drainSet  bool
+	drainEnd  bool // drained is closed
 }
 
 // lease is one message held for a client, from the moment a stream or
@@ -80,6 +91,8 @@ type lease struct {
 	d        *dispatcher
 	msg      *adapter.Message
 	size     int
+	heldAt   time.Time   // when its handler got it
+	leasedAt time.Time   // when it was handed to a client
 	expireBy time.Time   // extensions stop here: the adapter's extension ends soon after
 	id       uint64      // 0 until handed to a client
 	flow     *flow       // the stream's flow control; nil for Pull
@@ -161,6 +174,8 @@ func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, e
 		ready: make(chan *lease), cancel: cancel,
 		draining: make(chan struct{}), drained: make(chan struct{}), done: make(chan struct{}),
 		leases: make(map[uint64]*lease), keys: make(map[string]int), attached: 1,
+		streams: make(map[*pullStream]struct{}), paused: make(map[*lease]struct{}),
+		m: s.b.Metrics.Subscription(name),
 	}
 	d.setConfig(&cfg)
 	d.didcomm.sub = sub
@@ -286,7 +301,8 @@ func (d *dispatcher) endErr() error {
 // (ackConfirmed: the adapter's AckWithResult), and the m.Ack here does
 // nothing.
 func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
-	l := &lease{d: d, msg: m, expireBy: time.Now().Add(maxHeldExtension - time.Minute), result: make(chan outcome, 1)}
+	now := time.Now()
+	l := &lease{d: d, msg: m, heldAt: now, expireBy: now.Add(maxHeldExtension - time.Minute), result: make(chan outcome, 1)}
 	if d.s.stale.take(d.name, m.StreamSequence) && (m.OrderingKey == "" || !d.ordering) {
 		// Acked through an earlier process's ack id before it came back.
 		// Not a message of an ordered key: if an earlier message of its key
@@ -297,8 +313,8 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 		m.Ack()
 		return
 	}
-	d.holdKey(m.OrderingKey, 1)
-	defer d.holdKey(m.OrderingKey, -1)
+	d.hold(l)
+	defer d.unhold(l)
 	for offered := false; !offered; {
 		// DIDComm tracking observes the message before a client gets it,
 		// also when it is switched on while the message waits here.
@@ -420,15 +436,34 @@ func (d *dispatcher) ackDeadline() time.Duration { return d.cfg.Load().AckDeadli
 // back for redelivery at once.
 func (d *dispatcher) refuse(l *lease) { l.result <- outReturned }
 
-func (d *dispatcher) holdKey(key string, n int) {
-	if key == "" {
-		return
-	}
+// hold counts l's message as held until unhold: its key, and its delivery
+// attempt.
+func (d *dispatcher) hold(l *lease) {
 	d.mu.Lock()
-	if d.keys[key] += n; d.keys[key] <= 0 {
-		delete(d.keys, key)
+	defer d.mu.Unlock()
+	if k := l.msg.OrderingKey; k != "" {
+		d.keys[k]++
 	}
-	d.mu.Unlock()
+	if a := l.msg.DeliveryAttempt; a >= jstatus.PausedAttempt {
+		d.paused[l] = struct{}{}
+	} else {
+		d.byAttempt[max(a, 0)]++
+	}
+}
+
+func (d *dispatcher) unhold(l *lease) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if k := l.msg.OrderingKey; k != "" {
+		if d.keys[k]--; d.keys[k] <= 0 {
+			delete(d.keys, k)
+		}
+	}
+	if a := l.msg.DeliveryAttempt; a >= jstatus.PausedAttempt {
+		delete(d.paused, l)
+	} else {
+		d.byAttempt[max(a, 0)]--
+	}
 }
 
 // lease hands l to a client for deadline: it gets an ack id and a timer.
@@ -449,18 +484,17 @@ func (d *dispatcher) lease(l *lease, f *flow, deadline time.Duration) *pb.Receiv
 	if f != nil {
 		f.take(l.size)
 	}
-	l.id, l.flow = id, f
+	l.id, l.flow, l.leasedAt = id, f, time.Now()
 	d.leases[id] = l
 	l.timer = time.AfterFunc(deadline, func() { d.expire(id) })
 	d.mu.Unlock()
 
-	mt := d.s.b.Metrics
-	mt.Delivered.Inc()
-	mt.Outstanding.Add(1)
+	d.m.Delivered.Inc()
 	if l.msg.DeliveryAttempt > 1 {
-		mt.Redelivered.Inc()
+		d.m.Redelivered.Inc()
+		d.s.recent.add(d.name, recentRedelivered)
 	} else if !l.msg.PublishTime.IsZero() {
-		mt.DeliveryLatency.Observe(time.Since(l.msg.PublishTime))
+		d.m.DeliveryLat.Observe(max(l.leasedAt.Sub(l.msg.PublishTime), 0).Seconds())
 	}
 	rm := &pb.ReceivedMessage{AckId: d.s.ackID(d.name, id, l.msg.StreamSequence), Message: messageProto(l.msg)}
 	if l.didcomm != nil {
@@ -586,15 +620,14 @@ func (d *dispatcher) ended(l *lease, o outcome) {
 	if l.flow != nil {
 		l.flow.release(l.size)
 	}
-	mt := d.s.b.Metrics
-	mt.Outstanding.Add(-1)
 	switch o {
 	case outAck:
-		mt.Acked.Inc()
+		d.m.Acked.Inc()
+		d.m.AckLat.Observe(time.Since(l.leasedAt).Seconds())
 	case outNack, outReturned:
-		mt.Nacked.Inc()
+		d.m.Nacked.Inc()
 	case outExpired:
-		mt.Expired.Inc()
+		d.m.Expired.Inc()
 	}
 	l.result <- o // buffered, and a lease is settled once
 }
@@ -634,8 +667,7 @@ func (d *dispatcher) drop(l *lease) bool {
 	if l.flow != nil {
 		l.flow.release(l.size)
 	}
-	d.s.b.Metrics.Outstanding.Add(-1)
-	d.s.b.Metrics.Nacked.Inc()
+	d.m.Nacked.Inc()
 	return true
 }
 

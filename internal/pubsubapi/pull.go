@@ -65,8 +65,11 @@ func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 		return errPushSubscription
 	}
 
-	st := &pullStream{s: s, d: d, stream: stream, flow: newFlow(first.GetMaxOutstandingMessages(), first.GetMaxOutstandingBytes())}
+	st := &pullStream{s: s, d: d, stream: stream, flow: newFlow(first.GetMaxOutstandingMessages(), first.GetMaxOutstandingBytes()),
+		since: time.Now(), peer: peerAddr(ctx), userAgent: userAgent(ctx)}
 	st.deadline.Store(int64(deadline))
+	d.addStream(st)
+	defer d.removeStream(st)
 	confirm, err := st.apply(first)
 	if err != nil {
 		return err
@@ -95,7 +98,6 @@ func (s *Server) openStream() bool {
 		return false
 	}
 	s.streams++
-	s.b.Metrics.Streams.Add(1)
 	return true
 }
 
@@ -103,7 +105,6 @@ func (s *Server) closeStream() {
 	s.mu.Lock()
 	s.streams--
 	s.mu.Unlock()
-	s.b.Metrics.Streams.Add(-1)
 }
 
 type pullStream struct {
@@ -114,6 +115,10 @@ type pullStream struct {
 	deadline atomic.Int64 // stream ack deadline, ns; 0: the subscription's
 	sendMu   sync.Mutex   // gRPC allows one sender at a time
 	ended    bool         // guarded by sendMu: StreamingPull has returned
+
+	// For the status page: who, and since when.
+	since           time.Time
+	peer, userAgent string
 }
 
 func (st *pullStream) end() {

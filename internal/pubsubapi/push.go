@@ -570,7 +570,7 @@ func (w *pushWatcher) deliver(d *dispatcher, l *lease, budget pushBudget) {
 		d.settle(id, outReturned) // shutting down: not the endpoint's failure
 		return
 	}
-	w.r.s.b.Metrics.PushFailures.Add(d.name, 1)
+	w.r.s.b.Metrics.PushFailed(d.name)
 	if !w.failing.Swap(true) {
 		w.r.s.log.Warn("push failed; the message is nacked and retried", "subscription", d.name,
 			"endpoint", t.settings.Endpoint, "reason", res.Reason.String(), "err", res.Err)

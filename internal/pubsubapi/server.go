@@ -17,9 +17,9 @@ import (
 	"crypto/rand"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -67,6 +67,9 @@ type Config struct {
 	// subscription, for ordering keys and for unkeyed messages each.
 	// Default DefaultPushMaxOutstanding.
 	PushMaxOutstanding int
+	// EmbeddedNATS says that the broker's connection is to a nats-server
+	// in this process, for the status.
+	EmbeddedNATS bool
 }
 
 // Server implements pb.PublisherServer and pb.SubscriberServer.
@@ -86,6 +89,11 @@ type Server struct {
 	partitions receiveGauges // of every subscription's Receive
 	snapshots  snapshotStore
 	pusher     *pushRunner // nil: push subscriptions are disabled
+
+	// For the status page and the metrics (status.go).
+	started  time.Time
+	observer *observer
+	recent   recentCounts
 
 	mu          sync.Mutex
 	dispatchers map[string]*dispatcher // projects/P/subscriptions/S
@@ -117,8 +125,12 @@ func New(b *broker.Broker, cfg Config) *Server {
 	if cfg.Schemas == nil {
 		cfg.Schemas = NewSchemaServer(b.Conn(), 1, cfg.Logger)
 	}
-	s := &Server{b: b, cfg: cfg, log: cfg.Logger, epoch: newEpoch(), dispatchers: make(map[string]*dispatcher)}
-	s.partitions.deadLettered = b.Metrics.DeadLettered.Inc
+	s := &Server{b: b, cfg: cfg, log: cfg.Logger, epoch: newEpoch(), started: time.Now(), dispatchers: make(map[string]*dispatcher)}
+	s.partitions.deadLettered = func(sub string) {
+		b.Metrics.Subscription(sub).DeadLettered.Inc()
+		s.recent.add(sub, recentDeadLettered)
+	}
+	s.observer = newObserver(s)
 	var js jetstream.JetStream // nil without a connection: the snapshot RPCs fail
 	if nc := b.Conn(); nc != nil {
 		js, _ = jetstream.New(nc)
@@ -145,21 +157,6 @@ func New(b *broker.Broker, cfg Config) *Server {
 			r.start()
 		}
 	}
-	b.Metrics.GaugeFunc("jetorder_active_keys", "Ordering keys with a message held by this sidecar (with a client or waiting for one).",
-		func() (float64, bool) { return float64(s.activeKeys()), true })
-	b.Metrics.GaugeFunc("jetorder_max_delivery_attempt", "The highest delivery attempt among messages handed to subscribers now: "+
-		"a message that keeps failing (without a dead-letter policy its key waits) shows as a number that keeps growing.",
-		func() (float64, bool) { return float64(s.maxDeliveryAttempt()), true })
-	b.Metrics.SubscriptionGauge("jetorder_didcomm_open_gaps", "DIDComm sender orders missing in the threads this sidecar's tracker holds, per tracked subscription being received.",
-		s.didcommOpenGaps)
-	gauge := func(name, help string, v *atomic.Int64) {
-		b.Metrics.GaugeFunc(name, help, func() (float64, bool) { return float64(v.Load()), true })
-	}
-	gauge("jetorder_partitions_owned", "Partitions of partitioned subscriptions this sidecar owns.", &s.partitions.owned)
-	gauge("jetorder_partition_buffered_messages", "Unacked messages owned partitions hold: with a client, or waiting behind an earlier message of their key.",
-		&s.partitions.buffered)
-	gauge("jetorder_partitions_full", "Owned partitions whose buffer is full: nothing more of them is delivered, for any key, until a message is acked "+
-		"(a key that never acks ends there).", &s.partitions.full)
 	return s
 }
 
@@ -174,6 +171,7 @@ func (s *Server) Register(g *grpc.Server) {
 // to whoever receives next), and Close waits for the Receive calls to end.
 func (s *Server) Close() {
 	ds := s.shut()
+	s.observer.close()
 	if s.pusher != nil {
 		s.pusher.close() // requests in flight are abandoned: their messages go back
 	}
@@ -200,28 +198,6 @@ func (s *Server) dispatcherList() []*dispatcher {
 		ds = append(ds, d)
 	}
 	return ds
-}
-
-func (s *Server) activeKeys() int {
-	n := 0
-	for _, d := range s.dispatcherList() {
-		d.mu.Lock()
-		n += len(d.keys)
-		d.mu.Unlock()
-	}
-	return n
-}
-
-func (s *Server) maxDeliveryAttempt() int {
-	n := 0
-	for _, d := range s.dispatcherList() {
-		d.mu.Lock()
-		for _, l := range d.leases {
-			n = max(n, l.msg.DeliveryAttempt)
-		}
-		d.mu.Unlock()
-	}
-	return n
 }
 
 // clientOf, topicOf and subscriptionOf resolve a resource name (of a
@@ -427,18 +403,66 @@ func page[T any](items []T, name func(T) string, size int32, token string) ([]T,
 var errShuttingDown = status.Error(codes.Unavailable, "the sidecar is shutting down")
 
 // receiveGauges are the receive hooks of every subscription's Receive:
-// partition gauges and dead letters.
+// the partitions this process owns and what they hold, per subscription,
+// and dead letters.
 type receiveGauges struct {
-	owned, buffered, full atomic.Int64
-	deadLettered          func()
+	deadLettered func(sub string)
+
+	mu   sync.Mutex
+	subs map[string]*partitionState // by subscription name
+}
+
+// partitionState is what this process holds of one partitioned
+// subscription.
+type partitionState struct {
+	owned          map[int]bool // partition indexes
+	buffered, full int
 }
 
 var _ adapter.Hooks = (*receiveGauges)(nil)
 
-func (g *receiveGauges) DeadLettered(*adapter.Subscription, *adapter.Message) { g.deadLettered() }
+func (g *receiveGauges) DeadLettered(sub *adapter.Subscription, _ *adapter.Message) {
+	g.deadLettered(sub.String())
+}
 
-func (g *receiveGauges) PartitionChanged(_ *adapter.Subscription, c adapter.PartitionChange) {
-	g.owned.Add(int64(c.Owned))
-	g.buffered.Add(int64(c.Buffered))
-	g.full.Add(int64(c.Full))
+func (g *receiveGauges) PartitionChanged(sub *adapter.Subscription, c adapter.PartitionChange) {
+	name := sub.String()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p := g.subs[name]
+	if p == nil {
+		if g.subs == nil {
+			g.subs = make(map[string]*partitionState)
+		}
+		p = &partitionState{owned: make(map[int]bool)}
+		g.subs[name] = p
+	}
+	switch c.Owned {
+	case 1:
+		p.owned[c.Partition] = true
+	case -1:
+		delete(p.owned, c.Partition)
+	}
+	p.buffered += c.Buffered
+	p.full += c.Full
+	if len(p.owned) == 0 && p.buffered == 0 && p.full == 0 {
+		delete(g.subs, name)
+	}
+}
+
+// of returns what this process holds of subscription name's partitions:
+// the indexes it owns (sorted), the messages they hold, and how many are
+// full.
+func (g *receiveGauges) of(name string) (owned []int, buffered, full int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p := g.subs[name]
+	if p == nil {
+		return nil, 0, 0
+	}
+	for i := range p.owned {
+		owned = append(owned, i)
+	}
+	slices.Sort(owned)
+	return owned, p.buffered, p.full
 }

@@ -201,22 +201,11 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		s.where.HTTP = s.hl.Addr().String()
 	}
 
-	reg := &metrics.Registry{}
+	reg := metrics.New()
 	// A client's Close waits no longer than the whole shutdown may take.
 	s.b = broker.New(s.nc, log, reg, adapter.WithLogger(log), adapter.WithReplicas(max(cfg.Replicas, 1)),
 		adapter.WithCloseTimeout(cfg.ShutdownTimeout))
 	s.b.BucketReplicas = max(cfg.Replicas, 1)
-	js := s.js
-	reg.GaugeFunc("jetorder_live_consumers", "JetStream consumers in the account (per-key consumers follow the active keys).",
-		func() (float64, bool) {
-			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			info, err := js.AccountInfo(cctx)
-			if err != nil {
-				return 0, false
-			}
-			return float64(info.Consumers), true
-		})
 	schemas := pubsubapi.NewSchemaServer(s.b.Conn(), max(cfg.Replicas, 1), log)
 	s.api = pubsubapi.New(s.b, pubsubapi.Config{
 		MaxOutstandingMessages: cfg.MaxOutstandingMessages,
@@ -227,7 +216,13 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		Schemas:                schemas, // Publish validates against them
 		PushAllow:              pushAllow,
 		PushMaxOutstanding:     cfg.PushMaxOutstanding,
+		EmbeddedNATS:           s.srv != nil,
 	})
+	// The gauges of /metrics come from the status, as the status page's
+	// figures do.
+	if err := reg.RegisterStatus(s.api.StatusForMetrics); err != nil {
+		return nil, err
+	}
 
 	gopts := []grpc.ServerOption{
 		// Pub/Sub accepts 10 MB publish requests; leave room for framing.
@@ -256,6 +251,7 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 				Ready:          s.ready,
 				Logger:         log,
 				PubSub:         s.api, // the Pub/Sub REST API, over the gRPC server's methods
+				Status:         s.api.Status,
 
 				WebhookAllowedOrigins: cfg.WebhookAllowedOrigins,
 				WebhookAllowedRate:    cfg.WebhookAllowedRate,
