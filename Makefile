@@ -18,9 +18,11 @@ test: browser
 browser:
 	bash .ci/chromium
 
-## bench: throughput, latency and memory against raw JetStream baselines
+## bench: throughput, latency and memory against raw JetStream baselines; charts of them into docs/bench
+# Flags through BENCHFLAGS, e.g. make bench BENCHFLAGS='-runs ordered -rounds 1'
+BENCHFLAGS ?=
 bench:
-	$(GO) run ./bench
+	$(GO) run ./bench -charts docs/bench $(BENCHFLAGS)
 
 ## soak: 3 minutes of ordered publish and receive with key churn (not in CI); fails if goroutines, heap, RSS or consumers keep growing
 # Flags through SOAKFLAGS, e.g. make soak SOAKFLAGS='-duration 45s -mode library'

@@ -19,7 +19,8 @@
 //   - process RSS (the embedded server runs in this process too).
 //
 // Every run publishes its messages first and then times consumption only,
-// so the figures compare delivery, not publishing.
+// so the figures compare delivery, not publishing. With -charts DIR the
+// comparisons are also written as SVG bar charts (charts.go).
 package main
 
 import (
@@ -98,6 +99,7 @@ func main() {
 	// adapter figure is divided by the baselines of its own round: on a
 	// shared 2-core machine the spread between runs is large, so the
 	// summary reports the median ratio and its range.
+	var charts []chart
 	var many, one, push []float64
 	ratios := map[int][][2]float64{}
 	rates := map[int][]float64{}
@@ -138,20 +140,30 @@ func main() {
 	}
 	if selected("ordered") {
 		summarizeOrdered(counts, many, one, push, rates, ratios)
+		charts = append(charts, orderedChart(counts, many, one, push, rates, ratios))
 	}
 	if selected("publish") {
 		fmt.Printf("%-5s %-28s %10s %22s %18s\n", "round", "publish run", "raw async", "raw + adapter headers", "adapter Publish")
+		c := chart{name: "publish", title: "Publishing, against raw JetStream async publish",
+			note: fmt.Sprintf("%s messages per round, round-robin over the keys, every result awaited; median of %s, a ratio the median of each round's", count(float64(n(100_000))), plural(*rounds, "round"))}
 		for _, keys := range []int{100, 10_000} {
-			var vsRaw, vsHeaders []float64
+			var vsRaw, vsHeaders, raws, headers, ads []float64
 			for round := 1; round <= *rounds; round++ {
 				raw, rawHeaders, ad := b.publish(keys, n(100_000))
 				vsRaw, vsHeaders = append(vsRaw, ad/raw), append(vsHeaders, rawHeaders/raw)
+				raws, headers, ads = append(raws, raw), append(headers, rawHeaders), append(ads, ad)
 				fmt.Printf("%-5d %-28s %10.0f %15.0f %5.2fx %11.0f %5.2fx\n", round,
 					fmt.Sprintf("%d keys, %d msgs", keys, n(100_000)), raw, rawHeaders, rawHeaders/raw, ad, ad/raw)
 			}
 			fmt.Printf("publish, %d keys, median of %d rounds: adapter %.2fx raw async [%.2f-%.2f]; raw with the adapter's headers %.2fx\n\n",
 				keys, *rounds, median(vsRaw), slices.Min(vsRaw), slices.Max(vsRaw), median(vsHeaders))
+			c.groups = append(c.groups, barGroup{title: fmt.Sprintf("%s: messages/s published", count(float64(keys))+" keys"), bars: []bar{
+				baseBar("raw JetStream async publish", median(raws)),
+				baseBar("raw, with the adapter's headers", median(headers), vs(median(vsHeaders), "raw")),
+				rateBar("adapter Topic.Publish", median(ads), vs(median(vsRaw), "raw")),
+			}})
 		}
+		charts = append(charts, c)
 	}
 	if selected("burst") && *burstKeys > 0 {
 		b.burst(*burstKeys)
@@ -161,22 +173,36 @@ func main() {
 		adLat := b.orderedLatency(16, 2000, 3*time.Second)
 		fmt.Printf("latency publish->handler at 2000 msg/s: raw p50 %v p99 %v; adapter (16 keys) p50 %v p99 %v\n",
 			rawLat.p50, rawLat.p99, adLat.p50, adLat.p99)
+		charts = append(charts, latencyChart(rawLat, adLat))
 	}
 	if selected("didcomm") {
-		b.didcommTracker(10_000, n(1_000_000))
+		c := chart{name: "didcomm", title: "DIDComm tracking",
+			note: "the tracker: one run; didcomm.Receive: median of " + plural(*rounds, "round") + ", a ratio the median of each round's"}
+		c.groups = append(c.groups, b.didcommTracker(10_000, n(1_000_000)))
+		var raws, plains, trackeds, plainVsRaw, trackedVsRaw, trackedVsPlain []float64
 		for round := 1; round <= *rounds; round++ {
 			raw, plain, tracked := b.didcommReceive(256, n(20_000))
 			fmt.Printf("%-5d didcomm.Receive, 256 threads on 256 keys, %d msgs: raw %.0f msgs/s; adapter Receive %.0f (%.2fx raw); didcomm.Receive with KV state %.0f (%.2fx raw, %.2fx adapter)\n",
 				round, n(20_000), raw, plain, plain/raw, tracked, tracked/raw, tracked/plain)
+			raws, plains, trackeds = append(raws, raw), append(plains, plain), append(trackeds, tracked)
+			plainVsRaw, trackedVsRaw, trackedVsPlain = append(plainVsRaw, plain/raw), append(trackedVsRaw, tracked/raw), append(trackedVsPlain, tracked/plain)
 		}
+		c.groups = append(c.groups, barGroup{title: fmt.Sprintf("didcomm.Receive, %s messages over 256 threads on 256 keys: messages/s", count(float64(n(20_000)))), bars: []bar{
+			baseBar("raw JetStream, MaxAckPending 1000", median(raws)),
+			rateBar("adapter Receive", median(plains), vs(median(plainVsRaw), "raw")),
+			rateBar("didcomm.Receive, state in KV", median(trackeds), vs(median(trackedVsRaw), "raw"), vs(median(trackedVsPlain), "adapter")),
+		}})
+		charts = append(charts, c)
 	}
 	if selected("sidecar") {
+		var sc sidecarFigures
 		s := b.startSidecar()
 		fmt.Printf("%-5s %-36s %10s %10s %7s %10s %7s %10s %7s %8s   %10s %10s %7s\n", "round", "sidecar run (delivery, then publish)",
 			"raw1000", "library", "vs raw", "gRPC", "vs raw", "push", "vs raw", "lib/gRPC", "lib pub", "gRPC pub", "lib/gRPC")
 		var dl, pl, pushRaw, pushGRPC []float64
 		for round := 1; round <= *rounds; round++ {
 			r := s.round(round, 256, n(20_000))
+			sc.rounds = append(sc.rounds, r)
 			dl, pl = append(dl, r.lib/r.grpc), append(pl, r.libPub/r.grpcPub)
 			pushRaw, pushGRPC = append(pushRaw, r.push/r.raw), append(pushGRPC, r.push/r.grpc)
 		}
@@ -188,6 +214,7 @@ func main() {
 		for round := 1; round <= *rounds; round++ {
 			raw, untracked, tracked := s.didcommSidecar(256, n(20_000))
 			costs = append(costs, untracked/tracked)
+			sc.didcomm = append(sc.didcomm, [3]float64{raw, untracked, tracked})
 			fmt.Printf("%-5d sidecar DIDComm tracking, 256 threads on 256 keys, %d msgs, Go client: raw %.0f msgs/s; untracked %.0f (%.3fx raw); tracked %.0f (%.3fx raw; costs %.2fx)\n",
 				round, n(20_000), raw, untracked, untracked/raw, tracked, tracked/raw, untracked/tracked)
 		}
@@ -196,11 +223,15 @@ func main() {
 		fmt.Printf("latency publish->handler at 2000 msg/s over 256 keys: library p50 %v p99 %v; gRPC (Go client) p50 %v p99 %v\n\n",
 			lib.p50, lib.p99, g.p50, g.p99)
 		s.stop()
+		charts = append(charts, sc.chart(256, n(20_000)))
 	}
 	if selected("modes") {
-		b.modes()
+		charts = append(charts, b.modes())
 	}
 	fmt.Printf("process RSS at end: %s\n", rss())
+	if *chartsDir != "" {
+		check(writeCharts(*chartsDir, charts))
+	}
 }
 
 func selected(run string) bool { return slices.Contains(strings.Split(*runs, ","), run) }
@@ -220,6 +251,38 @@ func summarizeOrdered(counts []int, many, one, push []float64, rates map[int][]f
 			median(vsMany), slices.Min(vsMany), slices.Max(vsMany), median(vsOne), slices.Min(vsOne), slices.Max(vsOne))
 	}
 	fmt.Println()
+}
+
+// orderedChart draws summarizeOrdered's figures.
+func orderedChart(counts []int, many, one, push []float64, rates map[int][]float64, ratios map[int][][2]float64) chart {
+	g := barGroup{title: "messages/s, published first, then consumed and acked", bars: []bar{
+		baseBar("raw JetStream, MaxAckPending 1000", median(many)),
+		baseBar("raw JetStream, MaxAckPending 1", median(one)),
+		baseBar("raw push, MaxAckPending 1", median(push)),
+	}}
+	for _, keys := range counts {
+		var vsMany, vsOne []float64
+		for _, r := range ratios[keys] {
+			vsMany, vsOne = append(vsMany, r[0]), append(vsOne, r[1])
+		}
+		g.bars = append(g.bars, rateBar("adapter, per-key delivery, "+plural(keys, "key"), median(rates[keys]),
+			vs(median(vsMany), "MaxAckPending 1000"), vs(median(vsOne), "MaxAckPending 1")))
+	}
+	return chart{name: "ordered", title: "Ordered delivery, per key, against raw JetStream", groups: []barGroup{g},
+		note: "median of " + plural(*rounds, "round") + " (key counts over 256: one round), a ratio the median of each round's to its own baselines"}
+}
+
+// latencyChart draws the latency run's figures.
+func latencyChart(raw, ad latency) chart {
+	bars := func(r, a time.Duration) []bar {
+		return []bar{
+			durationBar("raw JetStream", r, true, true, r.String()),
+			durationBar("adapter, per-key delivery, 16 keys", a, true, false, a.String()+" ("+ratio(a.Seconds()/r.Seconds())+" raw)"),
+		}
+	}
+	return chart{name: "latency", title: "Latency, publish to handler, at 2,000 messages/s",
+		note:   "one run each, 3 s of publishing; lower is better",
+		groups: []barGroup{{title: "p50", bars: bars(raw.p50, ad.p50)}, {title: "p99", bars: bars(raw.p99, ad.p99)}}}
 }
 
 func median(v []float64) float64 {

@@ -37,7 +37,7 @@ const rawJetStream adapter.DeliveryMode = "raw"
 
 var deliveryModes = []adapter.DeliveryMode{adapter.DeliveryPartitioned, adapter.DeliveryPerKey}
 
-func (b *bench) modes() {
+func (b *bench) modes() chart {
 	fmt.Println("delivery modes of ordered subscriptions, default settings: partitioned and per-key, beside raw JetStream")
 	s := modesSummary{burst: map[adapter.DeliveryMode]burstResult{}, latency: map[adapter.DeliveryMode]latencyResult{}}
 	keys := n(*modesKeys)
@@ -86,6 +86,7 @@ func (b *bench) modes() {
 	burst(adapter.DeliveryPerKey)
 	latency(adapter.DeliveryPerKey)
 	s.print()
+	return s.chart()
 }
 
 // newKeys is a live consumer of messages each on a key of its own: raw
@@ -610,6 +611,60 @@ func (s *modesSummary) print() {
 	fmt.Printf("  %s no worse than per-key: %s (partitioned/per-key %.2fx)\n\n", plural(one.keys, "key"), verdict(vsPerKey >= 1), vsPerKey)
 }
 
+// chart draws the summary.
+func (s *modesSummary) chart() chart {
+	label := map[adapter.DeliveryMode]string{rawJetStream: "raw JetStream", adapter.DeliveryPartitioned: "partitioned", adapter.DeliveryPerKey: "per-key"}
+	modes := []adapter.DeliveryMode{rawJetStream, adapter.DeliveryPartitioned, adapter.DeliveryPerKey}
+	raw := s.burst[rawJetStream]
+	burst := barGroup{title: fmt.Sprintf("1. %s new keys, one message each, into a live subscription: keys/s", count(float64(raw.keys)))}
+	rss := barGroup{title: "1. peak RSS of the process (server and clients) meanwhile, MiB: lower is better"}
+	for _, m := range modes {
+		r := s.burst[m]
+		text := count(r.rate())
+		if m != rawJetStream {
+			text += " (" + ratio(r.rate()/raw.rate()) + " raw)"
+		}
+		if !r.finished() {
+			text += fmt.Sprintf(", not finished: %s of %s in %v", count(float64(r.delivered)), count(float64(r.keys)), r.elapsed.Round(time.Second))
+		}
+		burst.bars = append(burst.bars, bar{label: label[m], value: r.rate(), text: text, baseline: m == rawJetStream})
+		rss.bars = append(rss.bars, bar{label: label[m], value: float64(r.rssMiB), text: fmt.Sprintf("%d MiB; at most %s", r.rssMiB, plural(r.consumers, "consumer")), baseline: m == rawJetStream})
+	}
+	lat := barGroup{title: fmt.Sprintf("2. %s new keys/s for %v: p99 publish to handler, lower is better", count(float64(*modesRate)), *modesDuration)}
+	for _, m := range modes {
+		r := s.latency[m]
+		d, ok := r.percentile(0.99)
+		text := r.format(d, ok)
+		if ok && m != rawJetStream {
+			if rd, rok := s.latency[rawJetStream].percentile(0.99); rok {
+				text += " (" + ratio(d.Seconds()/rd.Seconds()) + " raw)"
+			}
+		}
+		text += fmt.Sprintf("; %s of %s delivered", count(float64(r.delivered)), count(float64(r.sent)))
+		lat.bars = append(lat.bars, durationBar(label[m], d, ok, m == rawJetStream, text))
+	}
+	groups := []barGroup{burst, rss, lat}
+	for i, t := range s.throughput {
+		g := barGroup{title: fmt.Sprintf("%d. %s, %s messages published first: messages/s", i+3, plural(t.keys, "key"), count(float64(t.msgs))),
+			bars: []bar{baseBar(fmt.Sprintf("raw JetStream, MaxAckPending %d", t.baselineAckPending), t.raw)}}
+		if t.layoutBaseline {
+			g.bars = append(g.bars, baseBar(fmt.Sprintf("raw, the partitions' %d filters", partitionsOf(adapter.DeliveryPartitioned)), t.rawLayout,
+				vs(t.rawLayout/t.raw, "raw")))
+		}
+		for _, m := range deliveryModes {
+			r := t.modes[m]
+			b := rateBar(label[m], r.rate, vs(r.rate/t.raw, "raw"))
+			if r.delivered < r.msgs {
+				b.text += ", unfinished"
+			}
+			g.bars = append(g.bars, b)
+		}
+		groups = append(groups, g)
+	}
+	return chart{name: "modes", title: "Delivery modes: partitioned and per-key, against raw JetStream", groups: groups,
+		note: fmt.Sprintf("one run of each; partitioned with %s and a buffer of %s", plural(partitionsOf(adapter.DeliveryPartitioned), "partition"), count(defaultPartitionBuffer))}
+}
+
 // ratio shows small ratios with a third digit, so 0.004x does not read as
 // nothing at all.
 func ratio(x float64) string {
@@ -630,5 +685,5 @@ func plural(n int, noun string) string {
 	if n == 1 {
 		return "1 " + noun
 	}
-	return fmt.Sprintf("%d %ss", n, noun)
+	return count(float64(n)) + " " + noun + "s"
 }

@@ -86,6 +86,60 @@ func (s *sidecarBench) round(round, keys, msgs int) sidecarRound {
 	return r
 }
 
+// sidecarFigures are the sidecar run's figures, per round.
+type sidecarFigures struct {
+	rounds  []sidecarRound
+	didcomm [][3]float64 // raw, untracked, tracked
+}
+
+// chart draws the sidecar run's figures: bars of the medians, ratios the
+// median of each round's.
+func (f sidecarFigures) chart(keys, msgs int) chart {
+	col := func(v func(sidecarRound) float64) []float64 {
+		out := make([]float64, len(f.rounds))
+		for i, r := range f.rounds {
+			out[i] = v(r)
+		}
+		return out
+	}
+	med := func(v func(sidecarRound) float64) float64 { return median(col(v)) }
+	delivery := barGroup{title: fmt.Sprintf("delivery, %s messages over %d keys: messages/s", count(float64(msgs)), keys), bars: []bar{
+		baseBar("raw JetStream, MaxAckPending 1000", med(func(r sidecarRound) float64 { return r.raw })),
+		rateBar("library Receive", med(func(r sidecarRound) float64 { return r.lib }), vs(med(func(r sidecarRound) float64 { return r.lib / r.raw }), "raw")),
+		rateBar("gRPC, Google's Go client (pull)", med(func(r sidecarRound) float64 { return r.grpc }), vs(med(func(r sidecarRound) float64 { return r.grpc / r.raw }), "raw")),
+		rateBar("push, HTTP endpoint", med(func(r sidecarRound) float64 { return r.push }), vs(med(func(r sidecarRound) float64 { return r.push / r.raw }), "raw"),
+			vs(med(func(r sidecarRound) float64 { return r.push / r.grpc }), "gRPC")),
+	}}
+	publish := barGroup{title: fmt.Sprintf("publishing, %d keys: messages/s (the baseline is the library)", keys), bars: []bar{
+		baseBar("library Topic.Publish", med(func(r sidecarRound) float64 { return r.libPub })),
+		rateBar("gRPC, Google's Go client", med(func(r sidecarRound) float64 { return r.grpcPub }), vs(med(func(r sidecarRound) float64 { return r.grpcPub / r.libPub }), "library")),
+	}}
+	g := []barGroup{delivery, publish}
+	if len(f.didcomm) > 0 {
+		d := func(i int) float64 {
+			v := make([]float64, len(f.didcomm))
+			for j, r := range f.didcomm {
+				v[j] = r[i]
+			}
+			return median(v)
+		}
+		ratios := func(i, j int) float64 {
+			v := make([]float64, len(f.didcomm))
+			for k, r := range f.didcomm {
+				v[k] = r[i] / r[j]
+			}
+			return median(v)
+		}
+		g = append(g, barGroup{title: fmt.Sprintf("DIDComm tracking through the sidecar, Go client, %d threads on %d keys: messages/s", keys, keys), bars: []bar{
+			baseBar("raw JetStream, MaxAckPending 1000", d(0)),
+			rateBar("untracked subscription", d(1), vs(ratios(1, 0), "raw")),
+			rateBar("jetorder-didcomm: track", d(2), vs(ratios(2, 0), "raw"), vs(ratios(2, 1), "untracked")),
+		}})
+	}
+	return chart{name: "sidecar", title: "The sidecar: the Pub/Sub gRPC API and push, against the library and raw JetStream", groups: g,
+		note: "median of " + plural(len(f.rounds), "round") + ", a ratio the median of each round's"}
+}
+
 // deliver fills an ordered topic and times receive until every message is
 // acked, from the first delivery.
 func (b *bench) deliver(keys, msgs int, recv func(sub *adapter.Subscription, done func()) func(context.Context) error) float64 {
