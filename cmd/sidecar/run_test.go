@@ -9,7 +9,6 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -125,7 +124,7 @@ func TestRunBadFlag(t *testing.T) {
 // malformed JetStream API request, sent to the --nats-listen port), and
 // with --log-level debug a line per HTTP request.
 func TestRunJSONLog(t *testing.T) {
-	var stderr syncBuffer
+	var stderr testutil.LogBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	exited := make(chan int, 1)
 	go func() {
@@ -143,7 +142,7 @@ func TestRunJSONLog(t *testing.T) {
 	// find returns the first JSON line for which match is true; it fails
 	// the test at a line that is not JSON.
 	find := func(match func(map[string]any) bool) map[string]any {
-		for _, line := range stderr.lines() {
+		for _, line := range stderr.Lines() {
 			var m map[string]any
 			if err := json.Unmarshal([]byte(line), &m); err != nil {
 				t.Fatalf("not a JSON line: %q: %v", line, err)
@@ -229,32 +228,4 @@ func captureStderr(t *testing.T) func() string {
 	}
 	t.Cleanup(func() { restore() })
 	return restore
-}
-
-// syncBuffer is a bytes.Buffer the sidecar writes to while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// lines are the complete lines written so far.
-func (b *syncBuffer) lines() []string {
-	s := b.String()
-	s = s[:strings.LastIndexByte(s, '\n')+1]
-	if s == "" {
-		return nil
-	}
-	return strings.Split(strings.TrimSuffix(s, "\n"), "\n")
 }

@@ -1,13 +1,10 @@
 package sidecar
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,7 +30,7 @@ func TestRequestLogs(t *testing.T) {
 		{slog.LevelInfo, false},
 	} {
 		t.Run(tc.level.String(), func(t *testing.T) {
-			var logged syncBuffer
+			var logged testutil.LogBuffer
 			log := slog.New(slog.NewJSONHandler(&logged, &slog.HandlerOptions{Level: tc.level}))
 			where := startSidecar(t, log)
 			cc, err := grpc.NewClient(where.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -79,7 +76,7 @@ func TestRequestLogs(t *testing.T) {
 			}
 			find := func(msg string, attrs map[string]any) map[string]any {
 			lines:
-				for _, l := range logged.lines() {
+				for _, l := range logged.Lines() {
 					var m map[string]any
 					if err := json.Unmarshal([]byte(l), &m); err != nil {
 						t.Fatalf("log line %q: %v", l, err)
@@ -147,32 +144,4 @@ func startSidecar(t *testing.T, log *slog.Logger) Listening {
 		t.Fatal("sidecar not listening after 30s")
 	}
 	return Listening{}
-}
-
-// syncBuffer is a bytes.Buffer a sidecar writes to while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// lines are the complete lines written so far.
-func (b *syncBuffer) lines() []string {
-	s := b.String()
-	s = s[:strings.LastIndexByte(s, '\n')+1]
-	if s == "" {
-		return nil
-	}
-	return strings.Split(strings.TrimSuffix(s, "\n"), "\n")
 }
