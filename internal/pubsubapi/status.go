@@ -207,31 +207,38 @@ func (d *dispatcher) local(sub *jstatus.Subscription, now time.Time) {
 			sub.MaxDeliveryAttempt = a
 		}
 	}
-	// Paused keys: one per key, its longest-delivered message; the keys
-	// longest stuck first.
-	paused := make(map[string]jstatus.PausedKey)
+	// Paused keys: the MaxPausedKeys with the most deliveries (then the
+	// longest held), each with its most delivered message. One pass over
+	// the paused messages, keeping the best few.
+	sub.PausedKeys = len(d.pausedKeys)
+	top := make([]jstatus.PausedKey, 0, jstatus.MaxPausedKeys)
+	worse := func(a, b jstatus.PausedKey) int {
+		return cmp.Or(cmp.Compare(b.DeliveryAttempt, a.DeliveryAttempt), cmp.Compare(b.HeldSeconds, a.HeldSeconds), strings.Compare(a.Key, b.Key))
+	}
 	for l := range d.paused {
 		sub.MaxDeliveryAttempt = max(sub.MaxDeliveryAttempt, l.msg.DeliveryAttempt)
-		k := l.msg.OrderingKey
-		if k == "" {
+		if l.msg.OrderingKey == "" {
 			continue
 		}
-		p := jstatus.PausedKey{Key: k, MessageID: l.msg.ID, DeliveryAttempt: l.msg.DeliveryAttempt, HeldSeconds: now.Sub(l.heldAt).Seconds()}
-		if q, ok := paused[k]; !ok || p.DeliveryAttempt > q.DeliveryAttempt {
-			paused[k] = p
+		p := jstatus.PausedKey{Key: l.msg.OrderingKey, MessageID: l.msg.ID, DeliveryAttempt: l.msg.DeliveryAttempt, HeldSeconds: now.Sub(l.heldAt).Seconds()}
+		if i := slices.IndexFunc(top, func(q jstatus.PausedKey) bool { return q.Key == p.Key }); i >= 0 {
+			if worse(p, top[i]) < 0 {
+				top[i] = p
+				slices.SortFunc(top, worse)
+			}
+			continue
 		}
+		switch {
+		case len(top) < cap(top):
+			top = append(top, p)
+		case worse(p, top[len(top)-1]) < 0:
+			top[len(top)-1] = p
+		default:
+			continue
+		}
+		slices.SortFunc(top, worse)
 	}
-	sub.PausedKeys = len(paused)
-	sub.Paused = make([]jstatus.PausedKey, 0, min(len(paused), jstatus.MaxPausedKeys))
-	for _, p := range paused {
-		sub.Paused = append(sub.Paused, p)
-	}
-	slices.SortFunc(sub.Paused, func(a, b jstatus.PausedKey) int {
-		return cmp.Or(cmp.Compare(b.DeliveryAttempt, a.DeliveryAttempt), cmp.Compare(b.HeldSeconds, a.HeldSeconds), strings.Compare(a.Key, b.Key))
-	})
-	if len(sub.Paused) > jstatus.MaxPausedKeys {
-		sub.Paused = sub.Paused[:jstatus.MaxPausedKeys]
-	}
+	sub.Paused = top
 }
 
 // clients appends d's streams to out.
