@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,7 +87,10 @@ func TestStatusJSON(t *testing.T) {
 	// message unacked until the status shows it: m0, of key k0, which holds
 	// back m3 and m6.
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	release := make(chan struct{})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	defer releaseOnce() // should the test end before it does
 	done := make(chan error, 1)
 	go func() {
 		done <- c.Subscriber("status-partitioned").Receive(ctx, func(_ context.Context, m *pubsub.Message) {
@@ -111,7 +115,7 @@ func TestStatusJSON(t *testing.T) {
 	if cl := st.Clients[0]; cl.Subscription != name || cl.Peer == "" || cl.UserAgent == "" || cl.Since.IsZero() {
 		t.Errorf("client %+v", cl)
 	}
-	close(release)
+	releaseOnce()
 	testutil.Eventually(t, 20*time.Second, func() bool {
 		s := subscriptionOf(getStatus(t, base), name)
 		return s.Backlog == 0 && s.OldestUnackedAgeSeconds == 0 && s.KeysInFlight == 0
