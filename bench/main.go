@@ -16,6 +16,8 @@
 //     per-key, side by side (modes.go): a burst of 100,000 new keys and
 //     10,000 new keys/s for latency, both published into live
 //     subscriptions, and throughput at 1,000 keys and 1 key;
+//   - the sidecar's status page, /v1/status and /metrics with 100,000 keys
+//     in flight (status.go);
 //   - process RSS (the embedded server runs in this process too).
 //
 // Every run publishes its messages first and then times consumption only,
@@ -56,7 +58,7 @@ var (
 	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
 	rounds      = flag.Int("rounds", 3, "rounds of baselines and adapter runs (key counts over 256 run once, in an extra last round)")
 	burstKeys   = flag.Int("burst", 10_000, "keys in the new-key burst run (0 skips it)")
-	runs        = flag.String("runs", "ordered,publish,burst,latency,didcomm,sidecar,modes", "which runs to do, comma-separated")
+	runs        = flag.String("runs", "ordered,publish,burst,latency,didcomm,sidecar,modes,status", "which runs to do, comma-separated")
 )
 
 const project = "bench"
@@ -227,6 +229,9 @@ func main() {
 	}
 	if selected("modes") {
 		charts = append(charts, b.modes())
+	}
+	if selected("status") {
+		b.status()
 	}
 	fmt.Printf("process RSS at end: %s\n", rss())
 	if *chartsDir != "" {

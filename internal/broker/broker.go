@@ -142,7 +142,7 @@ func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*ada
 		return nil, err
 	}
 	start := time.Now()
-	mt := b.Metrics.Topic("projects/" + project + "/topics/" + topic)
+	var mt *metrics.Topic // once a message is stored: no series for names that name no topic
 	results := make([]*adapter.PublishResult, len(msgs))
 	for i, m := range msgs {
 		results[i] = t.Publish(ctx, m)
@@ -164,6 +164,9 @@ func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*ada
 			continue
 		}
 		ids[i] = id
+		if mt == nil {
+			mt = b.Metrics.Topic("projects/" + project + "/topics/" + topic)
+		}
 		mt.Published.Inc()
 		mt.PublishLat.Observe(time.Since(start).Seconds())
 	}

@@ -170,22 +170,3 @@ func plainJSON(v any) string {
 	_ = enc.Encode(v) // of the types above: cannot fail
 	return strings.TrimSuffix(b.String(), "\n")
 }
-
-// didcommOpenGaps is the jetorder_didcomm_open_gaps gauge: per tracked
-// subscription with a running dispatcher, the orders missing in the
-// threads its tracker holds.
-func (s *Server) didcommOpenGaps() map[string]float64 {
-	s.mu.Lock()
-	ds := make([]*dispatcher, 0, len(s.dispatchers))
-	for _, d := range s.dispatchers {
-		ds = append(ds, d)
-	}
-	s.mu.Unlock()
-	out := make(map[string]float64)
-	for _, d := range ds {
-		if t := d.didcomm.opened(); t != nil {
-			out[d.name] = float64(t.OpenGaps())
-		}
-	}
-	return out
-}

@@ -77,12 +77,13 @@ type dispatcher struct {
 	// Messages held (with a client or waiting for one) by delivery
 	// attempt: below jstatus.PausedAttempt counted by attempt, from it on
 	// listed (the status page shows the keys they hold back).
-	byAttempt [jstatus.PausedAttempt]int
-	paused    map[*lease]struct{}
-	idle      *time.Timer
-	stopped   bool
-	drainSet  bool
-	drainEnd  bool // drained is closed
+	byAttempt  [jstatus.PausedAttempt]int
+	paused     map[*lease]struct{}
+	pausedKeys map[string]int // the keys of paused, and how many each
+	idle       *time.Timer
+	stopped    bool
+	drainSet   bool
+	drainEnd   bool // drained is closed
 }
 
 // lease is one message held for a client, from the moment a stream or
@@ -174,7 +175,7 @@ func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, e
 		ready: make(chan *lease), cancel: cancel,
 		draining: make(chan struct{}), drained: make(chan struct{}), done: make(chan struct{}),
 		leases: make(map[uint64]*lease), keys: make(map[string]int), attached: 1,
-		streams: make(map[*pullStream]struct{}), paused: make(map[*lease]struct{}),
+		streams: make(map[*pullStream]struct{}), paused: make(map[*lease]struct{}), pausedKeys: make(map[string]int),
 		m: s.b.Metrics.Subscription(name),
 	}
 	d.setConfig(&cfg)
@@ -446,6 +447,9 @@ func (d *dispatcher) hold(l *lease) {
 	}
 	if a := l.msg.DeliveryAttempt; a >= jstatus.PausedAttempt {
 		d.paused[l] = struct{}{}
+		if k := l.msg.OrderingKey; k != "" {
+			d.pausedKeys[k]++
+		}
 	} else {
 		d.byAttempt[max(a, 0)]++
 	}
@@ -461,6 +465,11 @@ func (d *dispatcher) unhold(l *lease) {
 	}
 	if a := l.msg.DeliveryAttempt; a >= jstatus.PausedAttempt {
 		delete(d.paused, l)
+		if k := l.msg.OrderingKey; k != "" {
+			if d.pausedKeys[k]--; d.pausedKeys[k] <= 0 {
+				delete(d.pausedKeys, k)
+			}
+		}
 	} else {
 		d.byAttempt[max(a, 0)]--
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	jstatus "github.com/jetorder/jetorder/internal/status"
+	"github.com/jetorder/jetorder/keyrouter"
 )
 
 // The sidecar's status (GET /v1/status, the page at /, and the gauges of
@@ -125,7 +126,7 @@ func (s *Server) status(last, good *jsRead) *jstatus.Status {
 	for _, d := range s.dispatcherList() {
 		sub := subs[d.name]
 		if sub == nil {
-			sub = &jstatus.Subscription{Name: d.name}
+			sub = &jstatus.Subscription{Name: d.name, Paused: []jstatus.PausedKey{}}
 			describe(sub, d.cfg.Load())
 			subs[d.name] = sub
 		}
@@ -206,31 +207,38 @@ func (d *dispatcher) local(sub *jstatus.Subscription, now time.Time) {
 			sub.MaxDeliveryAttempt = a
 		}
 	}
-	// Paused keys: one per key, its longest-delivered message; the keys
-	// longest stuck first.
-	paused := make(map[string]jstatus.PausedKey)
+	// Paused keys: the MaxPausedKeys with the most deliveries (then the
+	// longest held), each with its most delivered message. One pass over
+	// the paused messages, keeping the best few.
+	sub.PausedKeys = len(d.pausedKeys)
+	top := make([]jstatus.PausedKey, 0, jstatus.MaxPausedKeys)
+	worse := func(a, b jstatus.PausedKey) int {
+		return cmp.Or(cmp.Compare(b.DeliveryAttempt, a.DeliveryAttempt), cmp.Compare(b.HeldSeconds, a.HeldSeconds), strings.Compare(a.Key, b.Key))
+	}
 	for l := range d.paused {
 		sub.MaxDeliveryAttempt = max(sub.MaxDeliveryAttempt, l.msg.DeliveryAttempt)
-		k := l.msg.OrderingKey
-		if k == "" {
+		if l.msg.OrderingKey == "" {
 			continue
 		}
-		p := jstatus.PausedKey{Key: k, MessageID: l.msg.ID, DeliveryAttempt: l.msg.DeliveryAttempt, HeldSeconds: now.Sub(l.heldAt).Seconds()}
-		if q, ok := paused[k]; !ok || p.DeliveryAttempt > q.DeliveryAttempt {
-			paused[k] = p
+		p := jstatus.PausedKey{Key: l.msg.OrderingKey, MessageID: l.msg.ID, DeliveryAttempt: l.msg.DeliveryAttempt, HeldSeconds: now.Sub(l.heldAt).Seconds()}
+		if i := slices.IndexFunc(top, func(q jstatus.PausedKey) bool { return q.Key == p.Key }); i >= 0 {
+			if worse(p, top[i]) < 0 {
+				top[i] = p
+				slices.SortFunc(top, worse)
+			}
+			continue
 		}
+		switch {
+		case len(top) < cap(top):
+			top = append(top, p)
+		case worse(p, top[len(top)-1]) < 0:
+			top[len(top)-1] = p
+		default:
+			continue
+		}
+		slices.SortFunc(top, worse)
 	}
-	sub.PausedKeys = len(paused)
-	sub.Paused = make([]jstatus.PausedKey, 0, min(len(paused), jstatus.MaxPausedKeys))
-	for _, p := range paused {
-		sub.Paused = append(sub.Paused, p)
-	}
-	slices.SortFunc(sub.Paused, func(a, b jstatus.PausedKey) int {
-		return cmp.Or(cmp.Compare(b.DeliveryAttempt, a.DeliveryAttempt), cmp.Compare(b.HeldSeconds, a.HeldSeconds), strings.Compare(a.Key, b.Key))
-	})
-	if len(sub.Paused) > jstatus.MaxPausedKeys {
-		sub.Paused = sub.Paused[:jstatus.MaxPausedKeys]
-	}
+	sub.Paused = top
 }
 
 // clients appends d's streams to out.
@@ -380,7 +388,8 @@ type jsRead struct {
 // subRead is what one read found of a subscription.
 type subRead struct {
 	cfg        *adapter.SubscriptionConfig // nil: not known
-	backlog    uint64
+	backlog    uint64                      // of its consumers of unkeyed messages
+	keyed      uint64                      // the backlog of its consumers of keyed messages
 	unacked    uint64
 	consumers  int
 	oldest     time.Time // stored time of the oldest unacked message; zero: none
@@ -388,7 +397,7 @@ type subRead struct {
 }
 
 func (r *subRead) status(name string, now time.Time) *jstatus.Subscription {
-	sub := &jstatus.Subscription{Name: name, Backlog: r.backlog, Unacked: r.unacked, Consumers: r.consumers, JetStreamRead: true}
+	sub := &jstatus.Subscription{Name: name, Backlog: r.backlog, Unacked: r.unacked, Consumers: r.consumers, JetStreamRead: true, Paused: []jstatus.PausedKey{}}
 	describe(sub, r.cfg)
 	if !r.oldest.IsZero() {
 		t := r.oldest.UTC()
@@ -422,10 +431,13 @@ type observer struct {
 	configs map[string]*adapter.SubscriptionConfig // subscription name -> configuration
 	listed  time.Time                              // configs listed in full
 	streams map[string]jetstream.Stream            // handles, by stream name
+	subsKV  jetstream.KeyValue                     // the subscription registry, for discovery floors
+	floors  map[string]string                      // subscription name -> key of its discovery floor, as last found
 }
 
 func newObserver(s *Server) *observer {
-	o := &observer{s: s, next: make(chan struct{}), configs: map[string]*adapter.SubscriptionConfig{}, streams: map[string]jetstream.Stream{}}
+	o := &observer{s: s, next: make(chan struct{}), configs: map[string]*adapter.SubscriptionConfig{},
+		streams: map[string]jetstream.Stream{}, floors: map[string]string{}}
 	o.ctx, o.cancel = context.WithCancel(context.Background())
 	if nc := s.b.Conn(); nc != nil {
 		o.js, _ = jetstream.New(nc)
@@ -523,6 +535,7 @@ func (o *observer) read(ctx context.Context) *jsRead {
 	}
 	var withConsumers []string
 	streams := make(map[string]string) // stream name -> topic name
+	lastSeq := make(map[string]uint64) // stream name -> its last sequence
 	list := o.js.ListStreams(ctx)
 	for info := range list.Info() {
 		p, t := info.Config.Metadata["jetorder.project"], info.Config.Metadata["jetorder.topic"]
@@ -537,6 +550,7 @@ func (o *observer) read(ctx context.Context) *jsRead {
 		r.topics = append(r.topics, topic)
 		projects[p] = true
 		streams[info.Config.Name] = topic.Name
+		lastSeq[info.Config.Name] = info.State.LastSeq
 		if info.State.Consumers > 0 {
 			withConsumers = append(withConsumers, info.Config.Name)
 		}
@@ -602,7 +616,11 @@ func (o *observer) read(ctx context.Context) *jsRead {
 				r.subs[sub] = sr
 			}
 			sr.consumers++
-			sr.backlog += info.NumPending + uint64(info.NumAckPending)
+			if strings.HasPrefix(info.Config.FilterSubject, keyedPrefix(sr.cfg)) {
+				sr.keyed += info.NumPending + uint64(info.NumAckPending)
+			} else {
+				sr.backlog += info.NumPending + uint64(info.NumAckPending)
+			}
 			sr.unacked += uint64(info.NumAckPending)
 			if info.NumPending > 0 || info.NumAckPending > 0 {
 				pending[sub] = append(pending[sub], info)
@@ -624,6 +642,23 @@ func (o *observer) read(ctx context.Context) *jsRead {
 			return r
 		}
 		r.subs[sub].oldest = oldest
+	}
+	// Per-key delivery: keyed messages after the discovery floor may have
+	// no consumer yet (nobody receives, so nobody discovers).
+	for name, sr := range r.subs {
+		if !perKey(sr.cfg) {
+			sr.backlog += sr.keyed
+			continue
+		}
+		n, first, err := o.undiscovered(ctx, name, sr.cfg, lastSeq)
+		if err != nil {
+			r.err = err
+			return r
+		}
+		sr.backlog += max(sr.keyed, n)
+		if first != nil && (sr.oldest.IsZero() || first.Time.Before(sr.oldest)) {
+			sr.oldest = first.Time
+		}
 	}
 
 	// Metrics of what is gone go (after two reads without it).
@@ -702,6 +737,131 @@ func (o *observer) stream(ctx context.Context, name string) (jetstream.Stream, e
 	o.streams[name] = s
 	return s, nil
 }
+
+// keyedPrefix is what the filters of a subscription's consumers of keyed
+// messages begin with (docs/WIRE.md); "\x00" (nothing) when the
+// configuration is not known.
+func keyedPrefix(cfg *adapter.SubscriptionConfig) string {
+	if cfg == nil || cfg.Topic == nil {
+		return "\x00"
+	}
+	project, topic, err := parseTopic(cfg.Topic.String())
+	if err != nil {
+		return "\x00"
+	}
+	return strings.TrimSuffix(keyrouter.KeyedFilter(project, topic), ">")
+}
+
+func perKey(cfg *adapter.SubscriptionConfig) bool {
+	return cfg != nil && cfg.EnableMessageOrdering && cfg.Delivery == adapter.DeliveryPerKey && !cfg.TopicDeleted && !cfg.Detached
+}
+
+// undiscovered counts the keyed messages of a per-key subscription after
+// its discovery floor, and returns the first of them. Every keyed message
+// at or below the floor has a consumer; those after it may not, until a
+// receiver's discovery creates one (docs/WIRE.md). Some may have one: the
+// caller takes the larger of this count and its key consumers' backlog,
+// which is exact when the messages after the floor are all covered or all
+// not, and low by the covered ones otherwise. The count is the pending
+// count of a consumer made for it, and deleted at once.
+func (o *observer) undiscovered(ctx context.Context, name string, cfg *adapter.SubscriptionConfig, lastSeq map[string]uint64) (uint64, *jetstream.RawStreamMsg, error) {
+	project, id, err := parseSubscription(name)
+	if err != nil {
+		return 0, nil, nil
+	}
+	floor, ok, err := o.floor(ctx, name, keyrouter.KVKey(project, id))
+	if err != nil || !ok {
+		return 0, nil, err
+	}
+	tp, topic, err := parseTopic(cfg.Topic.String())
+	if err != nil {
+		return 0, nil, nil
+	}
+	streamName := keyrouter.StreamName(tp, topic)
+	if floor >= lastSeq[streamName] {
+		return 0, nil, nil // nothing stored after it (or no stream)
+	}
+	stream, err := o.stream(ctx, streamName)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, nil, nil
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	filter := keyrouter.KeyedFilter(tp, topic)
+	c, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Description: "jetorder status: messages after a discovery floor", FilterSubject: filter,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: floor + 1, AckPolicy: jetstream.AckNonePolicy,
+		InactiveThreshold: time.Minute, MemoryStorage: true, Replicas: 1,
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	info := c.CachedInfo()
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_ = stream.DeleteConsumer(dctx, info.Name) // else its inactivity removes it
+	cancel()
+	if info.NumPending == 0 {
+		return 0, nil, nil
+	}
+	first, err := stream.GetMsg(ctx, floor+1, jetstream.WithGetMsgSubject(filter))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return info.NumPending, nil, nil
+	}
+	return info.NumPending, first, err
+}
+
+// floor reads a per-key subscription's discovery floor: the key kvKey.floor
+// of the registry, or kvKey.floor.e<epoch> after a seek (the highest epoch
+// wins). ok is false when there is none.
+func (o *observer) floor(ctx context.Context, name, kvKey string) (floor uint64, ok bool, err error) {
+	if o.subsKV == nil {
+		kv, err := o.js.KeyValue(ctx, registryBucket)
+		if err != nil {
+			return 0, false, err
+		}
+		o.subsKV = kv
+	}
+	key := cmp.Or(o.floors[name], kvKey+".floor")
+	e, err := o.subsKV.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		// Sought since: find the epoch's floor.
+		keys, lerr := o.subsKV.ListKeysFiltered(ctx, kvKey+".floor", kvKey+".floor.>")
+		if lerr != nil {
+			return 0, false, lerr
+		}
+		best, bestEpoch := "", int64(-1)
+		for k := range keys.Keys() {
+			epoch := int64(0)
+			if rest, ok := strings.CutPrefix(k, kvKey+".floor.e"); ok {
+				if epoch, err = strconv.ParseInt(rest, 10, 64); err != nil {
+					continue
+				}
+			}
+			if epoch > bestEpoch {
+				best, bestEpoch = k, epoch
+			}
+		}
+		if best == "" {
+			delete(o.floors, name)
+			return 0, false, nil
+		}
+		o.floors[name] = best
+		e, err = o.subsKV.Get(ctx, best)
+	}
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	floor, err = strconv.ParseUint(string(e.Value()), 10, 64)
+	return floor, err == nil, nil
+}
+
+// registryBucket is the KV bucket of the subscription registry and the
+// discovery floors (docs/WIRE.md).
+const registryBucket = "JO_SUBSCRIPTIONS"
 
 // consumerOf reads a jetorder consumer's description (docs/WIRE.md):
 // "jetorder projects/P/subscriptions/S", followed by " partition N of M"

@@ -185,6 +185,8 @@ func TestMetricsUnderLoad(t *testing.T) {
 			t.Errorf("Receive: %v", err)
 		}
 	}()
+	releasePoison := sync.OnceFunc(func() { close(release) })
+	defer releasePoison() // before Receive is waited for, should the test end early
 	loadCtx, stopLoad := context.WithCancel(context.Background())
 	var load sync.WaitGroup
 	var loaded atomic.Int64
@@ -227,7 +229,7 @@ func TestMetricsUnderLoad(t *testing.T) {
 			t.Errorf("%s = %v under load, want at least %v", name, v, want)
 		}
 	}
-	close(release)
+	releasePoison()
 	stopLoadOnce()
 	select {
 	case err := <-loadErr:

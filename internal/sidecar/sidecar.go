@@ -221,6 +221,7 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 	// The gauges of /metrics come from the status, as the status page's
 	// figures do.
 	if err := reg.RegisterStatus(s.api.StatusForMetrics); err != nil {
+		s.api.Close()
 		return nil, err
 	}
 

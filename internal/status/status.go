@@ -12,12 +12,13 @@ import (
 	"embed"
 	"io/fs"
 	"net/http"
+	"strings"
 	"time"
 )
 
 const (
-	// MaxPausedKeys bounds Subscription.Paused: the keys longest stuck,
-	// highest delivery attempt first.
+	// MaxPausedKeys bounds Subscription.Paused: the keys with the most
+	// deliveries, then the longest held.
 	MaxPausedKeys = 20
 	// MaxClients bounds Status.Clients.
 	MaxClients = 100
@@ -112,8 +113,10 @@ type Subscription struct {
 	// Backlog is the messages not yet acked, delivered or not, as the
 	// subscription's JetStream consumers count them; Unacked those of them
 	// delivered and waiting for an ack (or redelivery). With per-key
-	// delivery, messages whose key has no consumer yet (discovery creates
-	// one within moments of the first message) are not counted.
+	// delivery the backlog of keyed messages is the larger of the key
+	// consumers' count and the keyed messages after the discovery floor
+	// (those no consumer may cover yet): exact unless some of those keys
+	// have a consumer and others not.
 	Backlog uint64 `json:"backlog"`
 	Unacked uint64 `json:"unacked"`
 	// OldestUnackedAgeSeconds is the age of the oldest message not acked,
@@ -195,8 +198,9 @@ type Client struct {
 //go:embed page
 var page embed.FS
 
-// Page serves the status page: GET / and its assets under /status/. The
-// page polls /v1/status, which its server must serve.
+// Page serves the status page: GET / and its files under /status/
+// (status.js, status.css); other paths are not found. The page polls
+// /v1/status, which its server must serve.
 var Page http.Handler = pageHandler()
 
 func pageHandler() http.Handler {
@@ -213,13 +217,13 @@ func pageHandler() http.Handler {
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "no-referrer")
 		h.Set("Cache-Control", "no-cache")
-		r2 := r.Clone(r.Context())
-		switch r.URL.Path {
-		case "/":
-			r2.URL.Path = "/"
-		default:
-			r2.URL.Path = "/" + r.URL.Path[len("/status/"):]
+		file, ok := strings.CutPrefix(r.URL.Path, "/status/")
+		if !ok && r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
 		}
+		r2 := r.Clone(r.Context())
+		r2.URL.Path, r2.URL.RawPath = "/"+file, ""
 		files.ServeHTTP(w, r2)
 	})
 }

@@ -3,7 +3,9 @@
 "use strict";
 
 const pollMillis = 1000;
-const openDetails = new Set(); // subscriptions whose details the reader opened
+// Subscriptions whose details the reader opened (true) or closed (false);
+// others are open while they have paused keys.
+const openDetails = new Map();
 
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
@@ -18,6 +20,16 @@ function el(tag, attrs, ...children) {
 
 function cell(text, cls) {
   return el("td", cls ? { class: cls } : {}, text);
+}
+
+// nameCell is a cell of a resource name that may wrap after each "/".
+function nameCell(name, cls) {
+  const td = el("td", cls ? { class: cls } : {});
+  name.split("/").forEach((part, i, parts) => {
+    td.append(part + (i < parts.length - 1 ? "/" : ""));
+    if (i < parts.length - 1) td.append(el("wbr"));
+  });
+  return td;
 }
 
 const fmtInt = new Intl.NumberFormat("en");
@@ -84,8 +96,8 @@ function renderSubscriptions(st) {
     const delivery = s.delivery + (s.push_endpoint ? ", push" : "") + (s.detached ? ", detached" : "");
     const parts = s.partitions && s.partitions.length ? s.partitions_owned + " / " + s.partitions.length : "–";
     return el("tr", { "data-subscription": s.name },
-      cell(s.name, "name"),
-      cell(s.topic, "topic"),
+      nameCell(s.name, "name"),
+      nameCell(s.topic || "", "topic"),
       cell(delivery, "delivery"),
       cell(num(s.backlog), "num backlog"),
       cell(num(s.unacked), "num unacked"),
@@ -104,15 +116,17 @@ function renderSubscriptions(st) {
 
 function renderDetails(s, st) {
   const d = el("details", { "data-subscription": s.name });
-  d.open = openDetails.has(s.name);
-  d.addEventListener("toggle", () => (d.open ? openDetails.add(s.name) : openDetails.delete(s.name)));
-  d.append(el("summary", {}, s.name));
+  d.open = openDetails.has(s.name) ? openDetails.get(s.name) : s.paused_keys > 0;
+  const summary = el("summary", {}, s.name);
+  // A click is the reader's choice (a toggle event also follows d.open = ...).
+  summary.addEventListener("click", () => openDetails.set(s.name, !d.open));
+  d.append(summary);
   if (s.push_endpoint) d.append(el("p", {}, "Pushes to " + s.push_endpoint));
   if (s.paused && s.paused.length) {
     d.append(el("h3", {}, "Paused keys (" + num(s.paused_keys) + (s.paused_keys > s.paused.length ? ", the first " + s.paused.length + " shown" : "") + ")"));
     const t = el("table", { class: "paused" },
       el("thead", {}, el("tr", {}, el("th", {}, "ordering key"), el("th", {}, "message id"), el("th", { class: "num" }, "delivery attempt"), el("th", { class: "num" }, "held for"))),
-      el("tbody", {}, ...s.paused.map((p) => el("tr", {}, cell(p.key), cell(p.message_id), cell(num(p.delivery_attempt), "num"), cell(age(p.held_seconds), "num")))));
+      el("tbody", {}, ...s.paused.map((p) => el("tr", {}, cell(p.key, "key"), cell(p.message_id), cell(num(p.delivery_attempt), "num"), cell(age(p.held_seconds), "num")))));
     d.append(t);
   }
   if (s.partitions && s.partitions.length) {
@@ -136,7 +150,7 @@ function renderTopics(st) {
   document.getElementById("no-topics").hidden = topics.length > 0;
   const now = Date.parse(st.time);
   replaceRows(document.getElementById("topics"), topics.map((t) => el("tr", { "data-topic": t.name },
-    cell(t.name),
+    nameCell(t.name),
     cell(num(t.messages), "num messages"),
     cell(bytes(t.bytes), "num bytes"),
     cell(num(t.consumers), "num"),
@@ -146,7 +160,7 @@ function renderTopics(st) {
 function renderClients(st) {
   const now = Date.parse(st.time);
   replaceRows(document.getElementById("clients"), (st.clients || []).map((c) => el("tr", {},
-    cell(c.peer), cell(c.user_agent), cell(c.subscription), cell(since(c.since, now)), cell(num(c.outstanding), "num"))));
+    cell(c.peer), cell(c.user_agent), nameCell(c.subscription), cell(since(c.since, now)), cell(num(c.outstanding), "num"))));
   const more = document.getElementById("clients-more");
   more.hidden = !st.clients_omitted;
   more.textContent = st.clients_omitted ? "and " + num(st.clients_omitted) + " more streams" : "";
