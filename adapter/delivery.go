@@ -59,8 +59,9 @@ type holder interface {
 	// ackSending records that d's ack is on its way: the take-over fence
 	// stops counting d as unacked.
 	ackSending(d *delivery)
-	// confirmLater releases d once a round trip to the server shows the
-	// server has its ack (d.acked), sending it again until it does.
+	// confirmLater sends d's ack (d.acked) and releases d once a round
+	// trip to the server shows the server has it, sending it again until
+	// it does.
 	confirmLater(d *delivery)
 }
 
@@ -126,14 +127,14 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 		} else {
 			d.home.release(d, false)
 		}
-		err := d.r.c.nc.Publish(d.reply, payload)
 		if confirm {
-			// Sent again until confirmed if it did not go.
+			// The holder sends it, in its order after a reconnect
+			// (partitionedMode.confirmAcks), and again until confirmed.
 			d.acked = kind
 			d.home.confirmLater(d)
 			return
 		}
-		if err != nil {
+		if err := d.r.c.nc.Publish(d.reply, payload); err != nil {
 			d.r.c.cfg.logger.Warn("ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)
 		}
 	})

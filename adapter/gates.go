@@ -188,6 +188,9 @@ func (g *gates) release(d *delivery, settled bool, now time.Time) []*delivery {
 		if !settled {
 			return nil
 		}
+		// Acked after its handler returned (the sidecar acks this way):
+		// remembered as any ack.
+		g.ackedHere(d)
 		k := g.keys[d.subject]
 		if k == nil || k.awaiting != d.key.seq {
 			return nil
@@ -215,8 +218,7 @@ func (g *gates) release(d *delivery, settled bool, now time.Time) []*delivery {
 	return g.pump(d.subject, k, nil)
 }
 
-// ackedHere remembers that d, held here, was acked and the server
-// confirmed it.
+// ackedHere remembers that d was acked here and the server confirmed it.
 func (g *gates) ackedHere(d *delivery) {
 	prev, ok := g.done[d.subject]
 	if ok && prev >= d.key.seq {

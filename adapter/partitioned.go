@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/keyrouter"
@@ -258,7 +260,9 @@ func (p *partition) onMsg(msg jetstream.Msg) {
 	case acked:
 		r.c.cfg.logger.Debug("message acked before delivered again (the server lost its ack): acked again", "subscription", r.sub.id,
 			"partition", p.index, "seq", d.key.seq)
-		_ = r.c.nc.Publish(d.reply, ackPayload[ackAck])
+		// Through confirmAcks: the server may lose this ack too.
+		d.acked = ackAck
+		p.m.confirmQueue(d)
 	}
 	r.launch(start)
 }
@@ -525,8 +529,18 @@ func (p *partition) ackSending(d *delivery) {
 	p.mu.Unlock()
 }
 
-func (p *partition) confirmLater(d *delivery) {
-	m := p.m
+func (p *partition) confirmLater(d *delivery) { p.m.confirmQueue(d) }
+
+// confirmQueue has confirmAcks send d's ack and release d once confirmed.
+func (m *partitionedMode) confirmQueue(d *delivery) {
+	select {
+	case <-m.stopped:
+		// confirmAcks has ended (Receive is ending): an ack made since is
+		// sent and confirmed here.
+		m.sendAndConfirm([]*delivery{d})
+		return
+	default:
+	}
 	m.confirmMu.Lock()
 	m.confirmQ = append(m.confirmQ, d)
 	m.confirmMu.Unlock()
@@ -536,62 +550,156 @@ func (p *partition) confirmLater(d *delivery) {
 	}
 }
 
-// confirmAcks confirms acks in groups: one flush (a PING the server answers
-// after everything sent before it) for all the acks sent meanwhile. Acks
-// that cannot be confirmed (the connection is down) are sent again until
-// they are: their keys wait, as the server may or may not have them.
+// confirmAcks sends the partitions' acks and confirms them in groups: one
+// flush (a PING the server answers after everything sent before it) for
+// all the acks sent meanwhile. Acks that cannot be confirmed (the
+// connection is down) are sent again until they are: their keys wait, as
+// the server may or may not have them. While the connection is down it
+// sends nothing.
+//
+// A NATS server that restarts after a crash can come back without the
+// acks it took in its last moments (it writes a consumer's state about ten
+// times a second), acks this loop saw confirmed and whose keys have moved
+// on. Were a later message's ack to reach it before the earlier ones were
+// taken again, and this process to die meanwhile, the receiver that takes
+// the partition over would deliver the earlier message after the later
+// one. So after each reconnect the loop first sends again the acks
+// confirmed lately (recentAcks), then the others, in the order they were
+// made.
 func (m *partitionedMode) confirmAcks() {
 	defer m.loops.Done()
 	r := m.r
-	var batch, unconfirmed []*delivery
+	var batch, queued []*delivery // batch: sent or to send, not confirmed
+	var recent recentAcks
+	reconnects := r.c.nc.Stats().Reconnects
 	failing := false // warned about this run of failures
+	fail := func(err error) {
+		if !failing {
+			failing = true
+			r.c.cfg.logger.Warn("acks not confirmed; sending them again until they are, their keys wait", "subscription", r.sub.id, "messages", len(batch), "err", err)
+		}
+	}
 	retry := time.NewTimer(0)
 	<-retry.C
 	for {
 		select {
 		case <-m.confirmWake:
 		case <-retry.C:
-			for _, d := range unconfirmed {
-				_ = r.c.nc.Publish(d.reply, ackPayload[d.acked])
-			}
 		case <-m.stopped:
-			m.confirmRemaining(unconfirmed)
+			m.confirmRemaining(batch)
 			return
 		}
 		m.confirmMu.Lock()
-		batch, m.confirmQ = m.confirmQ, batch[:0]
+		queued, m.confirmQ = m.confirmQ, queued[:0]
 		m.confirmMu.Unlock()
-		batch = append(batch, unconfirmed...)
-		unconfirmed = unconfirmed[:0]
-		if err := r.c.nc.FlushTimeout(r.c.cfg.apiTimeout); err != nil {
-			if !failing {
-				failing = true
-				r.c.cfg.logger.Warn("acks not confirmed; sending them again until they are, their keys wait", "subscription", r.sub.id, "messages", len(batch), "err", err)
+		batch = append(batch, queued...)
+		clear(queued)
+		if !r.c.nc.IsConnected() {
+			fail(nats.ErrConnectionClosed)
+			retry.Reset(250 * time.Millisecond)
+			continue
+		}
+		if n := r.c.nc.Stats().Reconnects; n != reconnects {
+			reconnects = n
+			if sent := recent.resend(r.c.nc, time.Now()); sent > 0 {
+				r.c.cfg.logger.Debug("acks confirmed before the reconnect sent again, before any other (the server may have lost them)",
+					"subscription", r.sub.id, "acks", sent)
 			}
-			unconfirmed = append(unconfirmed, batch...)
-			clear(batch)
+		}
+		for _, d := range batch {
+			_ = r.c.nc.Publish(d.reply, ackPayload[d.acked])
+		}
+		if err := r.c.nc.FlushTimeout(r.c.cfg.apiTimeout); err != nil {
+			fail(err)
 			retry.Reset(250 * time.Millisecond)
 			continue
 		}
 		failing = false
+		now := time.Now()
 		for i, d := range batch {
+			recent.add(d.reply, now)
 			d.home.release(d, true)
 			batch[i] = nil
 		}
+		batch = batch[:0]
 	}
+}
+
+// recentAcks are the reply subjects of the acks confirmed in the last
+// recentAckAge (at most recentAckCap of them), oldest first: what a server
+// that restarted after a crash may have lost. The live ones are
+// subjects[head:]; the slices are compacted once half of them is dead.
+type recentAcks struct {
+	subjects []string
+	at       []time.Time
+	head     int
+}
+
+const (
+	// recentAckAge is far beyond how stale a restarted server's consumer
+	// state can be (nats-server writes it within 100 ms of a change).
+	recentAckAge = 5 * time.Second
+	recentAckCap = 1 << 15
+)
+
+func (a *recentAcks) add(subject string, now time.Time) {
+	a.prune(now, a.len()-recentAckCap+1)
+	a.subjects = append(a.subjects, subject)
+	a.at = append(a.at, now)
+}
+
+func (a *recentAcks) len() int { return len(a.subjects) - a.head }
+
+// live is the acks kept, oldest first.
+func (a *recentAcks) live() []string { return a.subjects[a.head:] }
+
+// prune forgets the acks older than recentAckAge, and at least the oldest
+// atLeast.
+func (a *recentAcks) prune(now time.Time, atLeast int) {
+	end := a.head + max(atLeast, 0)
+	for end < len(a.at) && now.Sub(a.at[end]) > recentAckAge {
+		end++
+	}
+	clear(a.subjects[a.head:end])
+	a.head = end
+	if a.head > len(a.subjects)/2 {
+		a.subjects = slices.Delete(a.subjects, 0, a.head)
+		a.at = slices.Delete(a.at, 0, a.head)
+		a.head = 0
+	}
+}
+
+// resend sends the recent acks again, oldest first, and returns how many.
+// An ack the server has already is ignored by it.
+func (a *recentAcks) resend(nc *nats.Conn, now time.Time) int {
+	a.prune(now, 0)
+	for _, s := range a.live() {
+		_ = nc.Publish(s, ackPayload[ackAck])
+	}
+	return a.len()
 }
 
 // confirmRemaining is the last round of confirmAcks, once Receive is
 // stopping, so the books (and what the hooks were told) end square.
 func (m *partitionedMode) confirmRemaining(unconfirmed []*delivery) {
 	m.confirmMu.Lock()
-	batch := append(m.confirmQ, unconfirmed...)
+	batch := append(unconfirmed, m.confirmQ...)
 	m.confirmQ = nil
 	m.confirmMu.Unlock()
+	m.sendAndConfirm(batch)
+}
+
+// sendAndConfirm sends batch's acks and releases each delivery, settled if
+// a flush confirmed the server has them.
+func (m *partitionedMode) sendAndConfirm(batch []*delivery) {
 	if len(batch) == 0 {
 		return
 	}
-	err := m.r.c.nc.FlushTimeout(m.r.c.cfg.apiTimeout)
+	nc := m.r.c.nc
+	for _, d := range batch {
+		_ = nc.Publish(d.reply, ackPayload[d.acked])
+	}
+	err := nc.FlushTimeout(m.r.c.cfg.apiTimeout)
 	for _, d := range batch {
 		d.home.release(d, err == nil)
 	}

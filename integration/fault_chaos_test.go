@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,7 +38,8 @@ import (
 // delivered again.
 //
 // Sizes: JETORDER_CHAOS_KEYS (default 100), JETORDER_CHAOS_PER_KEY (30)
-// and JETORDER_CHAOS_KILLS (10). docs/RELIABILITY.md has the figures, and
+// and JETORDER_CHAOS_KILLS (10). With JETORDER_CHAOS_LOGDIR=DIR it writes
+// what a failure needs to be understood into DIR (chaosDiag). docs/RELIABILITY.md has the figures, and
 // why NATS kills are not in the default run.
 func TestFaultChaosKills(t *testing.T) {
 	keys, perKey, kills := chaosEnv("KEYS", 100), chaosEnv("PER_KEY", 30), chaosEnv("KILLS", 10)
@@ -48,8 +50,9 @@ func TestFaultChaosKills(t *testing.T) {
 	startNATS := func(grpcAddr, httpAddr string) *killProc {
 		return killStart(t, bin, natsDir, grpcAddr, httpAddr, "--nats-listen", natsAddr)
 	}
+	diag := newChaosDiag(t, natsAddr)
 	startSidecar := func(grpcAddr, httpAddr string) *killProc {
-		return killStart(t, bin, sidecarDir, grpcAddr, httpAddr, "--nats-url", "nats://"+natsAddr)
+		return killStart(t, bin, sidecarDir, grpcAddr, httpAddr, append([]string{"--nats-url", "nats://" + natsAddr}, diag.sidecarArgs()...)...)
 	}
 	a := startNATS("127.0.0.1:0", "127.0.0.1:0")
 	b := startSidecar("127.0.0.1:0", "127.0.0.1:0")
@@ -109,6 +112,7 @@ func TestFaultChaosKills(t *testing.T) {
 			}
 			w.acked[string(m.Data)] = true
 			w.mu.Unlock()
+			diag.tracef("%s %s %d", s, key, idx)
 			chk.Delivered(s, key, idx)
 			chk.Acked(s, key, idx)
 			m.Ack()
@@ -138,17 +142,24 @@ func TestFaultChaosKills(t *testing.T) {
 			}
 		}
 		killedAt := time.Now()
+		diag.tracef("KILL %d", i+1)
 		var ready time.Time
 		what := "sidecar"
 		if i%2 == 0 || !killNATS {
 			b.kill()
+			diag.saveLog("b", b)
 			b = startSidecar(b.grpc, b.http)
 			ready = b.readyAt
+			diag.tracef("READY sidecar %d", i+1)
 		} else {
 			what = "nats"
+			diag.consumers(fmt.Sprintf("before nats kill %d", i+1))
 			a.kill()
+			diag.saveLog("a", a)
 			a = startNATS(a.grpc, a.http)
 			ready = a.readyAt
+			diag.tracef("READY nats %d", i+1)
+			diag.consumers(fmt.Sprintf("after nats restart %d", i+1))
 		}
 		for _, s := range open {
 			watch[s].firstAfter.Store(0)
@@ -168,6 +179,8 @@ func TestFaultChaosKills(t *testing.T) {
 		t.Logf("kill %d (%s) at %s: stall %v; %d of %d acks", i+1, what, killedAt.Format("05.000"), stall.Round(time.Millisecond), acks(), total)
 	}
 	t.Cleanup(func() {
+		diag.saveLog("b-last", b)
+		diag.consumers("end")
 		if t.Failed() {
 			t.Logf("violations: %s", strings.Join(chk.Violations(), "\n"))
 			t.Logf("consumers:\n%s", chaosConsumers(natsAddr))
@@ -275,4 +288,73 @@ func chaosConsumers(addr string) string {
 			ci.Delivered.Consumer, ci.Delivered.Stream, ci.AckFloor.Consumer, ci.AckFloor.Stream, ci.PriorityGroups)
 	}
 	return b.String()
+}
+
+// chaosDiag writes, into JETORDER_CHAOS_LOGDIR when set, what explains a
+// failing chaos run: each process's log (sidecars at debug level), every
+// delivery and kill in order (trace.log: time, subscription, key, index),
+// and the consumers' states around each NATS kill (consumers.log).
+type chaosDiag struct {
+	dir, natsAddr string
+	mu            sync.Mutex
+	trace         *os.File
+	logs          int
+}
+
+func newChaosDiag(t *testing.T, natsAddr string) *chaosDiag {
+	d := &chaosDiag{dir: os.Getenv("JETORDER_CHAOS_LOGDIR"), natsAddr: natsAddr}
+	if d.dir == "" {
+		return d
+	}
+	f, err := os.Create(filepath.Join(d.dir, "trace.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.trace = f
+	t.Cleanup(func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		_ = f.Close()
+		d.trace = nil
+	})
+	return d
+}
+
+func (d *chaosDiag) sidecarArgs() []string {
+	if d.dir == "" {
+		return nil
+	}
+	return []string{"--log-level", "debug"}
+}
+
+func (d *chaosDiag) tracef(format string, args ...any) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.trace != nil {
+		fmt.Fprintf(d.trace, time.Now().Format("15:04:05.000000")+" "+format+"\n", args...)
+	}
+}
+
+// saveLog writes p's log as NN-name.log, numbered in the order saved.
+func (d *chaosDiag) saveLog(name string, p *killProc) {
+	if d.dir == "" {
+		return
+	}
+	d.mu.Lock()
+	d.logs++
+	n := d.logs
+	d.mu.Unlock()
+	_ = os.WriteFile(filepath.Join(d.dir, fmt.Sprintf("%02d-%s.log", n, name)), []byte(p.log.String()), 0o644)
+}
+
+func (d *chaosDiag) consumers(when string) {
+	if d.dir == "" {
+		return
+	}
+	f, err := os.OpenFile(filepath.Join(d.dir, "consumers.log"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "=== %s %s\n%s", time.Now().Format("15:04:05.000"), when, chaosConsumers(d.natsAddr))
 }
