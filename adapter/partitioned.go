@@ -384,6 +384,17 @@ func pinnedIn(info *jetstream.ConsumerInfo) string {
 	return ""
 }
 
+// pinnedAt is when the server pinned the partition's group (zero if it
+// does not say).
+func pinnedAt(info *jetstream.ConsumerInfo) time.Time {
+	for _, g := range info.PriorityGroups {
+		if g.Group == partitionGroup {
+			return g.PinnedTS
+		}
+	}
+	return time.Time{}
+}
+
 // fence waits until the consumer's unacked messages are all held here,
 // then lets handlers start (gates.lift).
 func (p *partition) fence(n int) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -120,12 +121,14 @@ func (p *partition) nackUnheld(ctx context.Context, info *jetstream.ConsumerInfo
 	prefix := fmt.Sprintf("$JS.ACK.%s.%s.1.", info.Stream, info.Name)
 	suffix := fmt.Sprintf(".%d.%d.0", info.Delivered.Consumer, time.Now().UnixNano())
 	limit := 4 * max(r.rec.PartitionBuffer, 1)
+	// What a lagging replica leaves out here is found by a later look
+	// (the fence's, every second), and the fence waits for it meanwhile.
+	seqs, err := r.c.streamSeqs(ctx, r.rec.stream(), info.Config.FilterSubject, info.AckFloor.Stream+1, info.Delivered.Stream, limit)
+	if err != nil {
+		r.c.cfg.logger.Debug("unacked messages of partition not all found", "subscription", r.sub.id, "partition", p.index, "found", len(seqs), "err", err)
+	}
 	nacked := 0
-	for seq, n := info.AckFloor.Stream+1, 0; seq <= info.Delivered.Stream && n < limit; n++ {
-		found, err := r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: seq, NextBySubj: info.Config.FilterSubject})
-		if err != nil || found > info.Delivered.Stream {
-			break
-		}
+	for _, found := range seqs {
 		p.mu.Lock()
 		_, held := p.g.held[found]
 		p.mu.Unlock()
@@ -133,7 +136,6 @@ func (p *partition) nackUnheld(ctx context.Context, info *jetstream.ConsumerInfo
 			_ = r.c.nc.Publish(prefix+strconv.FormatUint(found, 10)+suffix, ackPayload[ackNak])
 			nacked++
 		}
-		seq = found + 1
 	}
 	switch {
 	case nacked > 0 && rec.receiver == p.m.rid():
@@ -202,6 +204,7 @@ func (m *partitionedMode) watchOwners() {
 			}
 		}
 		gone := make(map[string]bool)
+		var takes sync.WaitGroup // partitions are taken over together: each costs round trips
 		for _, p := range m.parts {
 			rec, ok := records[p.index]
 			p.mu.Lock()
@@ -216,9 +219,10 @@ func (m *partitionedMode) watchOwners() {
 				gone[rec.receiver] = g
 			}
 			if g {
-				p.takeFromGone(rec)
+				takes.Go(func() { p.takeFromGone(rec) })
 			}
 		}
+		takes.Wait()
 	}
 }
 
@@ -249,6 +253,12 @@ func (p *partition) recoverLostAcks(ctx context.Context) bool {
 	return true
 }
 
+// unrecordedPinGrace is how long a partition whose owner is gone may stay
+// pinned to a receiver that has not recorded itself before takeFromGone
+// unpins it: far more than a fence takes once the owner is gone, far less
+// than the pin's TTL.
+const unrecordedPinGrace = 1500 * time.Millisecond
+
 // takeFromGone frees p from rec, its recorded owner, which is gone
 // (watchOwners).
 func (p *partition) takeFromGone(rec ownerRecord) {
@@ -259,10 +269,24 @@ func (p *partition) takeFromGone(rec ownerRecord) {
 	if err != nil || (info.NumPending == 0 && info.NumAckPending == 0) {
 		return
 	}
-	// Pinned to another than the recorded owner: a new owner, which records
-	// itself once its fence lifts, is taking over.
 	pinned := pinnedIn(info)
 	if pinned != "" && pinned != rec.pin {
+		// Pinned to another than the recorded owner: a receiver in its
+		// fence (it records itself before the fence lifts), about to take
+		// the partition over, or one that died before it recorded itself
+		// (a NATS server restart re-pins, so the owner fences again). A
+		// fenced holder has started nothing, so unpinning it costs only
+		// time; after unrecordedPinGrace it is unpinned, and whoever is
+		// pinned next frees the gone owner's messages in its fence.
+		if at := pinnedAt(info); at.IsZero() || time.Since(at) < unrecordedPinGrace {
+			return
+		}
+		if err := p.stream.UnpinConsumer(ctx, info.Name, partitionGroup); err != nil {
+			r.c.cfg.logger.Debug("unpin of a partition pinned to a receiver that never took it over failed", "subscription", r.sub.id, "partition", p.index, "err", err)
+			return
+		}
+		r.c.cfg.logger.Info("partition pinned to a receiver that has not taken it over for a while, after its owner left: unpinned it",
+			"subscription", r.sub.id, "partition", p.index, "previous_owner", rec.receiver, "pinned_for", time.Since(pinnedAt(info)).Round(time.Millisecond))
 		return
 	}
 	if pinned != "" {

@@ -18,6 +18,8 @@ import (
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/ordercheck"
@@ -57,7 +59,8 @@ func TestFaultChaosKills(t *testing.T) {
 	a := startNATS("127.0.0.1:0", "127.0.0.1:0")
 	b := startSidecar("127.0.0.1:0", "127.0.0.1:0")
 
-	c := goClientAt(t, b.grpc)
+	opens := &streamOpens{at: map[string]time.Time{}}
+	c := goClientAt(t, b.grpc, option.WithGRPCDialOption(grpc.WithStreamInterceptor(opens.intercept)))
 	subs := []string{"chaos-a", "chaos-b"}
 	mustCreateTopic(t, c, "chaos")
 	for _, s := range subs {
@@ -128,11 +131,7 @@ func TestFaultChaosKills(t *testing.T) {
 	total := len(subs) * keys * perKey
 	step := total / (kills + 2)
 
-	type killResult struct {
-		what  string
-		stall time.Duration
-	}
-	var out []killResult
+	var out []chaosKill
 	for i := range kills {
 		testutil.Eventually(t, 120*time.Second, func() bool { return acks() >= (i+1)*step }, "no progress before kill %d: %d of %d acks", i+1, acks, total)
 		var open []string // subscriptions with messages left to deliver
@@ -165,18 +164,27 @@ func TestFaultChaosKills(t *testing.T) {
 			watch[s].firstAfter.Store(0)
 			watch[s].mark.Store(ready.UnixNano())
 		}
-		var stall time.Duration
+		res := chaosKill{what: what}
 		for _, s := range open {
 			w := watch[s]
 			testutil.Eventually(t, 90*time.Second, func() bool { return w.firstAfter.Load() != 0 || chk.Complete(s) },
 				"%s: nothing delivered after the %s restart (kill %d)", s, what, i+1)
-			if f := w.firstAfter.Load(); f != 0 {
-				stall = max(stall, time.Unix(0, f).Sub(killedAt))
+			f := w.firstAfter.Load()
+			if f == 0 {
+				w.mark.Store(0)
+				continue
+			}
+			first := time.Unix(0, f)
+			if stall := first.Sub(killedAt); stall > res.stall {
+				res.stall = stall
+				if opened := opens.last(subPath(s)); what == "sidecar" && opened.After(killedAt) && opened.Before(first) {
+					res.reconnect, res.sidecar = opened.Sub(killedAt), first.Sub(opened)
+				}
 			}
 			w.mark.Store(0)
 		}
-		out = append(out, killResult{what, stall})
-		t.Logf("kill %d (%s) at %s: stall %v; %d of %d acks", i+1, what, killedAt.Format("05.000"), stall.Round(time.Millisecond), acks(), total)
+		out = append(out, res)
+		t.Logf("kill %d (%s) at %s: stall %v%s; %d of %d acks", i+1, what, killedAt.Format("05.000"), res.stall.Round(time.Millisecond), res.split(), acks(), total)
 	}
 	t.Cleanup(func() {
 		diag.saveLog("b-last", b)
@@ -200,18 +208,23 @@ func TestFaultChaosKills(t *testing.T) {
 	var lines []string
 	byKind := map[string][]time.Duration{}
 	for i, r := range out {
-		lines = append(lines, fmt.Sprintf("kill %d (%s): stall %v", i+1, r.what, r.stall.Round(time.Millisecond)))
+		lines = append(lines, fmt.Sprintf("kill %d (%s): stall %v%s", i+1, r.what, r.stall.Round(time.Millisecond), r.split()))
 		byKind[r.what] = append(byKind[r.what], r.stall)
 		byKind["all"] = append(byKind["all"], r.stall)
+		if r.reconnect > 0 {
+			byKind["sidecar kills, client reconnect"] = append(byKind["sidecar kills, client reconnect"], r.reconnect)
+			byKind["sidecar kills, sidecar's share"] = append(byKind["sidecar kills, sidecar's share"], r.sidecar)
+		}
 	}
 	for _, k := range []string{"sidecar", "nats", "all"} {
-		d := byKind[k]
-		slices.Sort(d)
-		if len(d) == 0 {
-			continue
+		if d := byKind[k]; len(d) > 0 {
+			lines = append(lines, fmt.Sprintf("%s kills: %d, stall %s", k, len(d), percentiles(d)))
 		}
-		lines = append(lines, fmt.Sprintf("%s kills: %d, stall p50 %v, p95 %v, max %v", k, len(d),
-			d[len(d)/2].Round(time.Millisecond), d[min(len(d)-1, len(d)*95/100)].Round(time.Millisecond), d[len(d)-1].Round(time.Millisecond)))
+	}
+	for _, k := range []string{"sidecar kills, client reconnect", "sidecar kills, sidecar's share"} {
+		if d := byKind[k]; len(d) > 0 {
+			lines = append(lines, fmt.Sprintf("%s: %d, %s", k, len(d), percentiles(d)))
+		}
 	}
 	for _, s := range subs {
 		st := chk.Stats(s)
@@ -235,6 +248,69 @@ func TestFaultChaosKills(t *testing.T) {
 	}
 	b.terminate()
 	a.terminate()
+}
+
+// chaosKill is what one kill cost.
+type chaosKill struct {
+	what  string // "sidecar" or "nats"
+	stall time.Duration
+	// For a sidecar kill, the stall in two: until the client had opened
+	// the stream again (its retry backoff, which the sidecar cannot
+	// shorten), and from then to the first delivery (the take-over).
+	reconnect, sidecar time.Duration
+}
+
+func (k chaosKill) split() string {
+	if k.reconnect == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (client reconnect %v, then sidecar %v)", k.reconnect.Round(time.Millisecond), k.sidecar.Round(time.Millisecond))
+}
+
+func percentiles(d []time.Duration) string {
+	slices.Sort(d)
+	at := func(q int) time.Duration { return d[min(len(d)-1, len(d)*q/100)].Round(time.Millisecond) }
+	return fmt.Sprintf("p50 %v, p95 %v, max %v", at(50), at(95), d[len(d)-1].Round(time.Millisecond))
+}
+
+// streamOpens records, per subscription, when the client last opened a
+// StreamingPull stream the server took.
+type streamOpens struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+func (o *streamOpens) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil || method != "/google.pubsub.v1.Subscriber/StreamingPull" {
+		return cs, err
+	}
+	return &openedStream{ClientStream: cs, o: o, opened: time.Now()}, nil
+}
+
+func (o *streamOpens) last(sub string) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.at[sub]
+}
+
+// openedStream names its subscription by the first request sent on it.
+type openedStream struct {
+	grpc.ClientStream
+	o      *streamOpens
+	opened time.Time
+	once   sync.Once
+}
+
+func (s *openedStream) SendMsg(m any) error {
+	if req, ok := m.(*pb.StreamingPullRequest); ok && req.GetSubscription() != "" {
+		s.once.Do(func() {
+			s.o.mu.Lock()
+			s.o.at[req.GetSubscription()] = s.opened
+			s.o.mu.Unlock()
+		})
+	}
+	return s.ClientStream.SendMsg(m)
 }
 
 func chaosEnv(name string, def int) int {

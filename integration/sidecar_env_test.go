@@ -94,13 +94,13 @@ func (p *sidecarProc) goClient() *pubsub.Client {
 }
 
 // goClientAt is Google's Go client for the sidecar at addr.
-func goClientAt(t *testing.T, addr string) *pubsub.Client {
+func goClientAt(t *testing.T, addr string, opts ...option.ClientOption) *pubsub.Client {
 	t.Helper()
-	c, err := pubsub.NewClient(context.Background(), project,
+	c, err := pubsub.NewClient(context.Background(), project, append([]option.ClientOption{
 		option.WithEndpoint(addr),
 		option.WithoutAuthentication(),
 		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
-		option.WithTelemetryDisabled())
+		option.WithTelemetryDisabled()}, opts...)...)
 	if err != nil {
 		t.Fatalf("pubsub.NewClient: %v", err)
 	}
