@@ -32,20 +32,20 @@ import (
 // sidecar using it (--nats-url, process B), Google's Go client on B with
 // two ordered subscriptions. While the subscriptions deliver, the test
 // kills B (a sidecar crash) with SIGKILL and restarts it on the same ports
-// and data dir; with JETORDER_CHAOS_NATS=1 it kills A (a NATS server
-// crash) every other time. Every delivery goes through the ordering
+// and data dir, and every other time it kills A instead (a NATS server
+// crash; JETORDER_CHAOS_NATS=0 kills only B). Every delivery goes through the ordering
 // checker: nothing may be lost and no key may go out of order. It reports,
 // per kill, the stall (from the kill to the first delivery after the
-// restarted process was ready), and how many messages already acked were
-// delivered again.
+// restarted process was ready, and how much of it the sidecar's), and how
+// many messages already acked were delivered again.
 //
 // Sizes: JETORDER_CHAOS_KEYS (default 100), JETORDER_CHAOS_PER_KEY (30)
 // and JETORDER_CHAOS_KILLS (10). With JETORDER_CHAOS_LOGDIR=DIR it writes
-// what a failure needs to be understood into DIR (chaosDiag). docs/RELIABILITY.md has the figures, and
-// why NATS kills are not in the default run.
+// what a failure needs to be understood into DIR (chaosDiag).
+// docs/RELIABILITY.md has the figures.
 func TestFaultChaosKills(t *testing.T) {
 	keys, perKey, kills := chaosEnv("KEYS", 100), chaosEnv("PER_KEY", 30), chaosEnv("KILLS", 10)
-	killNATS := os.Getenv("JETORDER_CHAOS_NATS") == "1"
+	killNATS := os.Getenv("JETORDER_CHAOS_NATS") != "0"
 	bin := killBuildSidecar(t)
 	natsAddr := freeAddr(t)
 	natsDir, sidecarDir := t.TempDir(), t.TempDir()
@@ -177,8 +177,11 @@ func TestFaultChaosKills(t *testing.T) {
 			first := time.Unix(0, f)
 			if stall := first.Sub(killedAt); stall > res.stall {
 				res.stall = stall
-				if opened := opens.last(subPath(s)); what == "sidecar" && opened.After(killedAt) && opened.Before(first) {
-					res.reconnect, res.sidecar = opened.Sub(killedAt), first.Sub(opened)
+				switch opened := opens.last(subPath(s)); {
+				case what == "sidecar" && opened.After(killedAt) && opened.Before(first):
+					res.back, res.after = opened.Sub(killedAt), first.Sub(opened)
+				case what == "nats" && ready.Before(first):
+					res.back, res.after = ready.Sub(killedAt), first.Sub(ready)
 				}
 			}
 			w.mark.Store(0)
@@ -211,9 +214,9 @@ func TestFaultChaosKills(t *testing.T) {
 		lines = append(lines, fmt.Sprintf("kill %d (%s): stall %v%s", i+1, r.what, r.stall.Round(time.Millisecond), r.split()))
 		byKind[r.what] = append(byKind[r.what], r.stall)
 		byKind["all"] = append(byKind["all"], r.stall)
-		if r.reconnect > 0 {
-			byKind["sidecar kills, client reconnect"] = append(byKind["sidecar kills, client reconnect"], r.reconnect)
-			byKind["sidecar kills, sidecar's share"] = append(byKind["sidecar kills, sidecar's share"], r.sidecar)
+		if r.back > 0 {
+			byKind[r.what+" kills, "+r.backName()] = append(byKind[r.what+" kills, "+r.backName()], r.back)
+			byKind[r.what+" kills, the sidecar's share"] = append(byKind[r.what+" kills, the sidecar's share"], r.after)
 		}
 	}
 	for _, k := range []string{"sidecar", "nats", "all"} {
@@ -221,7 +224,7 @@ func TestFaultChaosKills(t *testing.T) {
 			lines = append(lines, fmt.Sprintf("%s kills: %d, stall %s", k, len(d), percentiles(d)))
 		}
 	}
-	for _, k := range []string{"sidecar kills, client reconnect", "sidecar kills, sidecar's share"} {
+	for _, k := range []string{"sidecar kills, client reconnect", "sidecar kills, the sidecar's share", "nats kills, server restart", "nats kills, the sidecar's share"} {
 		if d := byKind[k]; len(d) > 0 {
 			lines = append(lines, fmt.Sprintf("%s: %d, %s", k, len(d), percentiles(d)))
 		}
@@ -254,17 +257,26 @@ func TestFaultChaosKills(t *testing.T) {
 type chaosKill struct {
 	what  string // "sidecar" or "nats"
 	stall time.Duration
-	// For a sidecar kill, the stall in two: until the client had opened
-	// the stream again (its retry backoff, which the sidecar cannot
-	// shorten), and from then to the first delivery (the take-over).
-	reconnect, sidecar time.Duration
+	// The stall in two: until the part outside the sidecar was back (for
+	// a sidecar kill, the client's stream opened again after its retry
+	// backoff, which the sidecar cannot shorten; for a NATS kill, the
+	// server restarted and ready), and from then to the first delivery
+	// (the sidecar's share: reconnecting, the take-over).
+	back, after time.Duration
+}
+
+func (k chaosKill) backName() string {
+	if k.what == "nats" {
+		return "server restart"
+	}
+	return "client reconnect"
 }
 
 func (k chaosKill) split() string {
-	if k.reconnect == 0 {
+	if k.back == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" (client reconnect %v, then sidecar %v)", k.reconnect.Round(time.Millisecond), k.sidecar.Round(time.Millisecond))
+	return fmt.Sprintf(" (%s %v, then the sidecar %v)", k.backName(), k.back.Round(time.Millisecond), k.after.Round(time.Millisecond))
 }
 
 func percentiles(d []time.Duration) string {
