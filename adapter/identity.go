@@ -19,12 +19,30 @@ import (
 type sequencer struct {
 	sender uuid.UUID
 	next   uint32
+	// senderID is the sender header's value, shared by every message:
+	// nothing changes a queued message's headers.
+	senderID []string
 }
 
 func (s *sequencer) take() (uuid.UUID, uint32) {
 	seq := s.next
 	s.next++ // uint32 arithmetic wraps to 0 after 4294967295
 	return s.sender, seq
+}
+
+// stamp takes the next sequence number and stamps a message's headers h
+// with it and the sender id; it returns the message id, which is also its
+// Nats-Msg-Id.
+func (s *sequencer) stamp(h nats.Header) string {
+	if s.senderID == nil {
+		s.senderID = []string{s.sender.String()}
+	}
+	sender, seq := s.take()
+	id := rsb.MessageID(sender, seq)
+	h[headerSenderID] = s.senderID
+	h[headerSequence] = []string{strconv.FormatUint(uint64(seq), 10)}
+	h[headerNatsMsgID] = []string{id}
+	return id
 }
 
 // RSB metadata headers (docs/WIRE.md).
@@ -98,16 +116,6 @@ func validateMetadata(msg *Message) error {
 		}
 	}
 	return nil
-}
-
-// writeIdentity stamps a message with its publisher's id and sequence
-// number and returns its message id, which is also its Nats-Msg-Id.
-func writeIdentity(h nats.Header, sender uuid.UUID, seq uint32) string {
-	id := rsb.MessageID(sender, seq)
-	h[headerSenderID] = []string{sender.String()}
-	h[headerSequence] = []string{strconv.FormatUint(uint64(seq), 10)}
-	h[headerNatsMsgID] = []string{id}
-	return id
 }
 
 // writeSendTime stamps the time a message goes on the wire, formatted by
