@@ -118,9 +118,12 @@ func validateMetadata(msg *Message) error {
 	return nil
 }
 
-// writeSendTime stamps the time a message goes on the wire, formatted by
-// formatTime (once for a whole batch).
-func writeSendTime(h nats.Header, sent string) { h[headerSendTime] = []string{sent} }
+// sendTime is the value of the send time header: a time formatted by
+// formatTime, once for a whole run of batches, and shared by its messages.
+func sendTime(t time.Time) []string { return []string{formatTime(t)} }
+
+// writeSendTime stamps the time a message goes on the wire.
+func writeSendTime(h nats.Header, sent []string) { h[headerSendTime] = sent }
 
 // writeMetadata puts the application's RSB metadata into h.
 func writeMetadata(h nats.Header, msg *Message, created time.Time) {

@@ -52,7 +52,7 @@ func FuzzReadMetadata(f *testing.F) {
 		writeHeaders(h, in)
 		writeMetadata(h, in, in.CreateTime)
 		id := (&sequencer{sender: senderID, next: seq}).stamp(h)
-		writeSendTime(h, formatTime(sent))
+		writeSendTime(h, sendTime(sent))
 
 		wire := testutil.NATSWire(t, h)
 		var out Message

@@ -51,13 +51,13 @@ const MaxPublishTimeout = 90 * time.Second
 // publish on one connection, which the server stores in order), from one
 // goroutine, and one more awaits their acks in send order: with thousands
 // of keys each batch is small, and a goroutine and a wait per batch showed
-// in profiles. A key's next batch goes only once its last is stored.
+// in profiles. A key's next batch goes only once its last has ended.
 //
 // A batch whose failures form a suffix (every message after the first
 // failure failed too) is retried from the first failure, still in order,
 // with the same message ids, so JetStream's de-duplication stores each
-// message once; the retry has a goroutine of its own, so that the others
-// keys' acks are not held up. Any other failure pattern, or a permanent
+// message once; the retry has a goroutine of its own, so that other keys'
+// acks are not held up. Any other failure pattern, or a permanent
 // error, pauses the key.
 //
 // The publisher does the I/O; its keyQueues decide when each batch goes.
@@ -190,9 +190,9 @@ func (p *publisher) sendLoop() {
 		}
 		p.mu.Unlock()
 		now := time.Now()
-		sendTime, deadline := formatTime(now), now.Add(p.cfg.Timeout)
+		sent, deadline := sendTime(now), now.Add(p.cfg.Timeout)
 		for i, b := range batches {
-			s := p.publish(b.items, sendTime, deadline)
+			s := p.publish(b.items, &sent, deadline)
 			s.b = b
 			batches[i] = nil
 			p.mu.Lock()
@@ -254,7 +254,8 @@ func (p *publisher) retry(b *batch, items []*pubItem, errs []error, deadline tim
 		p.t.c.cfg.logger.Debug("publish failed; retrying in order", "topic", p.t.id, "key", b.key(), "messages", len(items), "err", err)
 		time.Sleep(backoff)
 		backoff = min(2*backoff, 2*time.Second)
-		s := p.publish(items, formatTime(time.Now()), deadline)
+		sent := sendTime(time.Now())
+		s := p.publish(items, &sent, deadline)
 		first := s.await()
 		p.t.c.publishWindow.Release(s.window)
 		if first < 0 {
@@ -268,10 +269,11 @@ func (p *publisher) retry(b *batch, items []*pubItem, errs []error, deadline tim
 }
 
 // publish sends items asynchronously, in order, once it has room for all
-// of them in the client's window; it does not wait for acks. A message
-// that cannot be sent stops the run there, so that send failures, like
-// the server's refusals of a stream, form a suffix.
-func (p *publisher) publish(items []*pubItem, sendTime string, deadline time.Time) *sentBatch {
+// of them in the client's window; it does not wait for acks. It stamps
+// them with sent, the run's send time, and takes the time anew if it had
+// to wait. A message that cannot be sent stops the run there, so that
+// send failures, like the server's refusals of a stream, form a suffix.
+func (p *publisher) publish(items []*pubItem, sent *[]string, deadline time.Time) *sentBatch {
 	s := &sentBatch{items: items, deadline: deadline}
 	n := int64(len(items))
 	if window := p.t.c.publishWindow; !window.TryAcquire(n) {
@@ -282,11 +284,12 @@ func (p *publisher) publish(items []*pubItem, sendTime string, deadline time.Tim
 			s.failFrom(0, fmt.Errorf("no room among the client's in-flight messages within the publish timeout: %w", err))
 			return s
 		}
+		*sent = sendTime(time.Now())
 	}
 	s.window = n
 	s.futures = make([]jetstream.PubAckFuture, len(items))
 	for i, it := range items {
-		writeSendTime(it.msg.Header, sendTime)
+		writeSendTime(it.msg.Header, *sent)
 		f, err := p.t.c.js.PublishMsgAsync(it.msg, noLibraryRetry)
 		if err != nil {
 			s.failFrom(i, err)

@@ -438,8 +438,10 @@ func (t *Topic) validate(msg *Message) (string, error) {
 	if err := keyrouter.ValidateProjectID(t.project); err != nil {
 		return "", err
 	}
-	subject := keyrouter.UnkeyedSubject(t.project, t.id)
-	if msg.OrderingKey != "" {
+	var subject string
+	if msg.OrderingKey == "" {
+		subject = keyrouter.UnkeyedSubject(t.project, t.id)
+	} else {
 		if err := keyrouter.ValidateOrderingKey(msg.OrderingKey); err != nil {
 			return "", err
 		}
