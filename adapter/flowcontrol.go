@@ -88,12 +88,13 @@ func (f *flowController) take(size int) {
 	f.bytes += size
 }
 
-// release gives back the room of one message of size bytes that acquire
-// took, and wakes every blocked acquire.
-func (f *flowController) release(size int) {
+// release gives back the room of msgs messages of bytes bytes in all that
+// acquire took, and wakes every blocked acquire. Giving back a batch's
+// room at once wakes a blocked Publish once, not once per message.
+func (f *flowController) release(msgs, bytes int) {
 	f.mu.Lock()
-	f.msgs--
-	f.bytes -= size
+	f.msgs -= msgs
+	f.bytes -= bytes
 	f.cond.Broadcast()
 	f.mu.Unlock()
 }

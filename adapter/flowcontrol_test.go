@@ -185,7 +185,7 @@ func TestFlowControllerBlocked(t *testing.T) {
 			if probe.blocks.Load() != 1 || probe.dones.Load() != 0 {
 				t.Fatalf("while blocked: onBlock %d, done %d calls; want 1, 0", probe.blocks.Load(), probe.dones.Load())
 			}
-			f.release(3)
+			f.release(1, 3)
 			if err, ok := acquireReturned(t, res); !ok || err != nil {
 				t.Fatalf("after release: returned %v, err %v", ok, err)
 			}
@@ -225,7 +225,7 @@ func TestFlowControllerBlocked(t *testing.T) {
 			resA := acquireAsync(context.Background(), f, 5, a)
 			resB := acquireAsync(context.Background(), f, 5, b)
 			synctest.Wait()
-			f.release(10)
+			f.release(1, 10)
 			for _, res := range []<-chan error{resA, resB} {
 				if err, ok := acquireReturned(t, res); !ok || err != nil {
 					t.Fatalf("after release: returned %v, err %v", ok, err)
@@ -244,14 +244,14 @@ func TestFlowControllerBlocked(t *testing.T) {
 			synctest.Wait()
 			resSmall := acquireAsync(context.Background(), f, 2, small)
 			synctest.Wait()
-			f.release(5)
+			f.release(1, 5)
 			if err, ok := acquireReturned(t, resSmall); !ok || err != nil {
 				t.Fatalf("small message after release: returned %v, err %v", ok, err)
 			}
 			if _, ok := acquireReturned(t, resLarge); ok {
 				t.Fatal("large message taken without room")
 			}
-			f.release(5)
+			f.release(1, 5)
 			if err, ok := acquireReturned(t, resLarge); !ok || err != nil {
 				t.Fatalf("large message after the second release: returned %v, err %v", ok, err)
 			}

@@ -19,12 +19,30 @@ import (
 type sequencer struct {
 	sender uuid.UUID
 	next   uint32
+	// senderID is the sender header's value, shared by every message:
+	// nothing changes a queued message's headers.
+	senderID []string
 }
 
 func (s *sequencer) take() (uuid.UUID, uint32) {
 	seq := s.next
 	s.next++ // uint32 arithmetic wraps to 0 after 4294967295
 	return s.sender, seq
+}
+
+// stamp takes the next sequence number and stamps a message's headers h
+// with it and the sender id; it returns the message id, which is also its
+// Nats-Msg-Id.
+func (s *sequencer) stamp(h nats.Header) string {
+	if s.senderID == nil {
+		s.senderID = []string{s.sender.String()}
+	}
+	sender, seq := s.take()
+	id := rsb.MessageID(sender, seq)
+	h[headerSenderID] = s.senderID
+	h[headerSequence] = []string{strconv.FormatUint(uint64(seq), 10)}
+	h[headerNatsMsgID] = []string{id}
+	return id
 }
 
 // RSB metadata headers (docs/WIRE.md).
@@ -100,19 +118,12 @@ func validateMetadata(msg *Message) error {
 	return nil
 }
 
-// writeIdentity stamps a message with its publisher's id and sequence
-// number and returns its message id, which is also its Nats-Msg-Id.
-func writeIdentity(h nats.Header, sender uuid.UUID, seq uint32) string {
-	id := rsb.MessageID(sender, seq)
-	h[headerSenderID] = []string{sender.String()}
-	h[headerSequence] = []string{strconv.FormatUint(uint64(seq), 10)}
-	h[headerNatsMsgID] = []string{id}
-	return id
-}
+// sendTime is the value of the send time header: a time formatted by
+// formatTime, once for a whole run of batches, and shared by its messages.
+func sendTime(t time.Time) []string { return []string{formatTime(t)} }
 
-// writeSendTime stamps the time a message goes on the wire, formatted by
-// formatTime (once for a whole batch).
-func writeSendTime(h nats.Header, sent string) { h[headerSendTime] = []string{sent} }
+// writeSendTime stamps the time a message goes on the wire.
+func writeSendTime(h nats.Header, sent []string) { h[headerSendTime] = sent }
 
 // writeMetadata puts the application's RSB metadata into h.
 func writeMetadata(h nats.Header, msg *Message, created time.Time) {

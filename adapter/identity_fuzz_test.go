@@ -20,7 +20,7 @@ import (
 
 // FuzzReadMetadata checks the headers a publisher writes and delivery
 // reads (docs/WIRE.md):
-//   - what writeHeaders, writeMetadata and writeIdentity write survives the
+//   - what writeHeaders, writeMetadata and sequencer.stamp write survives the
 //     NATS wire unchanged and reads back as the message that was published;
 //   - a header added or replaced by another writer (any name, any value)
 //     changes at most the field that header names, never panics, and what
@@ -51,8 +51,8 @@ func FuzzReadMetadata(f *testing.F) {
 		h := nats.Header{}
 		writeHeaders(h, in)
 		writeMetadata(h, in, in.CreateTime)
-		id := writeIdentity(h, senderID, seq)
-		writeSendTime(h, formatTime(sent))
+		id := (&sequencer{sender: senderID, next: seq}).stamp(h)
+		writeSendTime(h, sendTime(sent))
 
 		wire := testutil.NATSWire(t, h)
 		var out Message

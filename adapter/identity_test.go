@@ -55,8 +55,8 @@ func TestMetadataRoundTrip(t *testing.T) {
 	}
 	h := nats.Header{}
 	writeMetadata(h, in, created)
-	id := writeIdentity(h, sender, 4294967295)
-	writeSendTime(h, formatTime(sent))
+	id := (&sequencer{sender: sender, next: 4294967295}).stamp(h)
+	writeSendTime(h, sendTime(sent))
 	if id != rsb.MessageID(sender, 4294967295) || h.Get("Nats-Msg-Id") != id {
 		t.Fatalf("identity: id %s, Nats-Msg-Id %s", id, h.Get("Nats-Msg-Id"))
 	}

@@ -14,10 +14,15 @@ import (
 // of a key in flight, so that a key's batches are stored in queue order.
 // A key whose batch failed is paused, keeping the failure, until resume.
 //
+// The keys waiting for DelayThreshold share one timer: they wait in a FIFO
+// list, which is also their order of due times, since every key waits the
+// same delay. With thousands of keys each batch is small, and a timer per
+// batch showed in profiles.
+//
 // keyQueues does no I/O: it hands each batch to send and learns its end
-// from finish, and it waits through afterFunc, so a test can drive it step
-// by step. It is safe for concurrent use. flush and stop block until every
-// queued batch has ended; the other methods do not block.
+// from finish, and it reads the time and waits through clock, so a test
+// can drive it step by step. It is safe for concurrent use. flush and stop
+// block until every queued batch has ended; the other methods do not block.
 type keyQueues struct {
 	cfg PublishSettings // the thresholds, defaults already applied
 	// send starts a batch's I/O; whoever ends it calls finish. It is called
@@ -27,26 +32,47 @@ type keyQueues struct {
 	// behind a failure of their key): it sets their results and gives back
 	// their flow control room. It is called with mu held, like send.
 	complete func([]*pubItem, error)
-	// afterFunc runs f after d, as time.AfterFunc does.
-	afterFunc func(d time.Duration, f func()) timer
+	clock    clock
 
 	mu      sync.Mutex
 	seq     sequencer // sequence numbers follow queue order
 	keys    map[string]*keyQueue
 	stopped bool
-	idle    *sync.Cond // signalled when a key queue drains
+	// messages counts those queued or in flight; flush waits for zero.
+	messages int
+	idle     *sync.Cond // signalled when messages falls to zero
 	// hurrying counts Flush calls and flow-control-blocked Publish calls;
 	// while any wait, batches go at once instead of after DelayThreshold.
 	hurrying int
+	// delayed lists, in the order they began to wait, the keys waiting for
+	// DelayThreshold, and entries of keys that have gone since (stale: see
+	// live).
+	delayed []delayEntry
+	// timer fires at the first waiting key's due time or earlier; nil when
+	// none is armed. It is not stopped when the keys it waits for go
+	// early: it then fires once for nothing, which is cheaper than a timer
+	// per batch when every key's batch is small.
+	timer    timer
+	timerGen uint64 // numbers the timers armed, so fire knows its own
 }
 
-// timer is what the queues need of a *time.Timer: a test fires its own.
+// clock is what the queues need of package time: a test brings its own.
+type clock interface {
+	Now() time.Time
+	// AfterFunc runs f after d, as time.AfterFunc does.
+	AfterFunc(d time.Duration, f func()) timer
+}
+
+// timer is what the queues need of a *time.Timer.
 type timer interface {
 	// Stop keeps the timer's func from running if it has not started.
 	Stop() bool
 }
 
-func realAfterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
+type realClock struct{}
+
+func (realClock) Now() time.Time                            { return time.Now() }
+func (realClock) AfterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
 
 type keyQueue struct {
 	key      string
@@ -54,14 +80,27 @@ type keyQueue struct {
 	bytes    int
 	inFlight bool
 	paused   error // non-nil: the failure that paused the key
-	timer    timer
+	// waiting: the key is in delayed, to go at due. wait numbers its
+	// entries there, so an entry from an earlier wait is known stale.
+	waiting bool
+	due     time.Time
+	wait    uint64
 }
+
+// delayEntry is a key's place in keyQueues.delayed.
+type delayEntry struct {
+	q    *keyQueue
+	wait uint64
+}
+
+// live reports whether e is its key's current wait.
+func (e delayEntry) live() bool { return e.q.waiting && e.q.wait == e.wait }
 
 type pubItem struct {
 	msg    *nats.Msg
 	id     string
 	size   int
-	result *PublishResult
+	result PublishResult // in the item: one allocation fewer per message
 }
 
 // batch is the messages of one key sent together, in queue order.
@@ -73,13 +112,13 @@ type batch struct {
 func (b *batch) key() string { return b.q.key }
 
 // newKeyQueues returns empty queues. cfg's thresholds must be positive;
-// afterFunc nil means time.AfterFunc.
+// clock nil means package time.
 func newKeyQueues(cfg PublishSettings, seq sequencer, send func(*batch), complete func([]*pubItem, error),
-	afterFunc func(time.Duration, func()) timer) *keyQueues {
-	if afterFunc == nil {
-		afterFunc = realAfterFunc
+	clock clock) *keyQueues {
+	if clock == nil {
+		clock = realClock{}
 	}
-	k := &keyQueues{cfg: cfg, send: send, complete: complete, afterFunc: afterFunc,
+	k := &keyQueues{cfg: cfg, send: send, complete: complete, clock: clock,
 		seq: seq, keys: map[string]*keyQueue{}}
 	k.idle = sync.NewCond(&k.mu)
 	return k
@@ -100,13 +139,14 @@ func (k *keyQueues) add(key string, msg *nats.Msg, size int) (*PublishResult, er
 	if q.paused != nil {
 		return nil, q.paused
 	}
-	sender, seq := k.seq.take()
-	id := writeIdentity(msg.Header, sender, seq)
-	res := newResult()
-	q.pending = append(q.pending, &pubItem{msg: msg, id: id, size: size, result: res})
+	it := &pubItem{msg: msg, size: size}
+	it.result.done = make(chan struct{})
+	it.id = k.seq.stamp(msg.Header)
+	q.pending = append(q.pending, it)
 	q.bytes += size
+	k.messages++
 	k.schedule(q)
-	return res, nil
+	return &it.result, nil
 }
 
 // queue returns key's queue, creating it. Called with k.mu held.
@@ -130,8 +170,8 @@ func (k *keyQueues) pause(key string, err error) {
 	}
 }
 
-// schedule sends q's next batch if it is full, or arms the delay timer.
-// Called with k.mu held.
+// schedule sends q's next batch if it is full, or lets it wait for the
+// delay. Called with k.mu held.
 func (k *keyQueues) schedule(q *keyQueue) {
 	if q.inFlight || len(q.pending) == 0 {
 		return
@@ -140,20 +180,51 @@ func (k *keyQueues) schedule(q *keyQueue) {
 		k.sendLocked(q)
 		return
 	}
-	if q.timer == nil {
-		var t timer
-		t = k.afterFunc(k.cfg.DelayThreshold, func() {
-			k.mu.Lock()
-			defer k.mu.Unlock()
-			if q.timer != t {
-				return // the batch went without waiting for this timer
-			}
-			q.timer = nil
-			if !q.inFlight && len(q.pending) > 0 {
-				k.sendLocked(q)
-			}
-		})
-		q.timer = t // before the callback can run: the caller holds k.mu
+	if q.waiting {
+		return
+	}
+	q.waiting = true
+	q.due = k.clock.Now().Add(k.cfg.DelayThreshold)
+	q.wait++
+	k.delayed = append(k.delayed, delayEntry{q, q.wait})
+	if k.timer == nil {
+		k.armLocked(k.cfg.DelayThreshold)
+	}
+}
+
+// armLocked arms the queues' timer to fire after d. Called with k.mu held.
+func (k *keyQueues) armLocked(d time.Duration) {
+	k.timerGen++
+	gen := k.timerGen
+	k.timer = k.clock.AfterFunc(d, func() { k.fire(gen) })
+}
+
+// fire sends the batches that are due and arms the timer for the next.
+func (k *keyQueues) fire(gen uint64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.timer == nil || k.timerGen != gen {
+		return // stopped while it waited for the lock
+	}
+	k.timer = nil
+	now := k.clock.Now()
+	i := 0
+	for ; i < len(k.delayed); i++ {
+		e := k.delayed[i]
+		if !e.live() {
+			continue
+		}
+		if e.q.due.After(now) {
+			k.armLocked(e.q.due.Sub(now))
+			break
+		}
+		k.sendLocked(e.q)
+	}
+	clear(k.delayed[:i]) // let forgotten queues be collected
+	if i == len(k.delayed) {
+		k.delayed = k.delayed[:0]
+	} else {
+		k.delayed = k.delayed[i:] // append copies the rest when it grows
 	}
 }
 
@@ -162,11 +233,7 @@ func (k *keyQueues) schedule(q *keyQueue) {
 func (k *keyQueues) hurry() (done func()) {
 	k.mu.Lock()
 	k.hurrying++
-	for _, q := range k.keys {
-		if !q.inFlight && len(q.pending) > 0 {
-			k.sendLocked(q)
-		}
-	}
+	k.sendDelayedLocked()
 	k.mu.Unlock()
 	return func() {
 		k.mu.Lock()
@@ -175,19 +242,36 @@ func (k *keyQueues) hurry() (done func()) {
 	}
 }
 
+// sendDelayedLocked sends every batch waiting for the delay. Called with
+// k.mu held.
+func (k *keyQueues) sendDelayedLocked() {
+	for _, e := range k.delayed {
+		if e.live() {
+			k.sendLocked(e.q)
+		}
+	}
+	clear(k.delayed)
+	k.delayed = k.delayed[:0]
+	// The timer stays armed: it fires for nothing, and spares the next
+	// waiting key a timer of its own.
+}
+
 // sendLocked takes one batch off q and sends it. Called with k.mu held.
 func (k *keyQueues) sendLocked(q *keyQueue) {
-	if q.timer != nil {
-		q.timer.Stop()
-		q.timer = nil
-	}
+	q.waiting = false
 	n, bytes := 0, 0
 	for n < len(q.pending) && n < min(k.cfg.CountThreshold, publishWindowSize) && (n == 0 || bytes+q.pending[n].size <= k.cfg.ByteThreshold) {
 		bytes += q.pending[n].size
 		n++
 	}
-	b := &batch{q: q, items: append([]*pubItem(nil), q.pending[:n]...)}
-	q.pending = q.pending[n:]
+	// The batch shares q.pending's array: capped at n, it never sees what
+	// is appended behind it.
+	b := &batch{q: q, items: q.pending[:n:n]}
+	if n == len(q.pending) {
+		q.pending = nil
+	} else {
+		q.pending = q.pending[n:]
+	}
 	q.bytes -= bytes
 	q.inFlight = true
 	k.send(b)
@@ -201,25 +285,26 @@ func (k *keyQueues) finish(b *batch, cause error) {
 	defer k.mu.Unlock()
 	q := b.q
 	q.inFlight = false
+	k.messages -= len(b.items)
 	if cause != nil && q.key != "" {
 		q.paused = fmt.Errorf("%w %q: %w", ErrPublishingPaused, q.key, cause)
 		pending := q.pending
 		q.pending, q.bytes = nil, 0
-		for _, it := range pending {
-			k.complete([]*pubItem{it}, q.paused)
-		}
+		k.messages -= len(pending)
+		k.complete(pending, q.paused)
 	} else {
 		k.schedule(q)
 	}
 	k.drainedLocked(q)
 }
 
-// drainedLocked forgets an empty, unpaused queue and wakes flush.
+// drainedLocked forgets an empty, unpaused queue and wakes flush once
+// nothing is left.
 func (k *keyQueues) drainedLocked(q *keyQueue) {
-	if !q.inFlight && len(q.pending) == 0 {
-		if q.paused == nil {
-			delete(k.keys, q.key)
-		}
+	if !q.inFlight && len(q.pending) == 0 && q.paused == nil {
+		delete(k.keys, q.key)
+	}
+	if k.messages == 0 {
 		k.idle.Broadcast()
 	}
 }
@@ -230,7 +315,7 @@ func (k *keyQueues) flush() {
 	defer done()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for k.busyLocked() {
+	for k.messages > 0 {
 		k.idle.Wait()
 	}
 }
@@ -241,15 +326,12 @@ func (k *keyQueues) stop() {
 	k.stopped = true
 	k.mu.Unlock()
 	k.flush()
-}
-
-func (k *keyQueues) busyLocked() bool {
-	for _, q := range k.keys {
-		if q.inFlight || len(q.pending) > 0 {
-			return true
-		}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.timer != nil { // nothing waits for it now
+		k.timer.Stop()
+		k.timer = nil
 	}
-	return false
 }
 
 // resume lets a paused key take messages again.

@@ -18,8 +18,8 @@ import (
 	"github.com/jetorder/jetorder/internal/rsb"
 )
 
-// fakeClock is the keyQueues' afterFunc for tests: its timers fire only
-// when the test advances it, on the test's goroutine.
+// fakeClock is the keyQueues' clock for tests: its timers fire only when
+// the test advances it, on the test's goroutine.
 type fakeClock struct {
 	mu     sync.Mutex
 	now    time.Duration
@@ -33,7 +33,13 @@ type fakeTimer struct {
 	done bool // fired or stopped
 }
 
-func (c *fakeClock) afterFunc(d time.Duration, f func()) timer {
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Unix(0, 0).Add(c.now)
+}
+
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &fakeTimer{c: c, at: c.now + d, f: f}
@@ -115,7 +121,7 @@ type queuesHarness struct {
 func newQueuesHarness(t *testing.T, cfg PublishSettings) *queuesHarness {
 	h := &queuesHarness{t: t, clock: &fakeClock{}, inFlight: map[string][]*batch{}, lastSent: map[string]int{},
 		next: map[string]int{}, msgs: map[string]*nats.Msg{}, results: map[string]*PublishResult{}}
-	h.k = newKeyQueues(cfg, sequencer{sender: queuesTestSender, next: cfg.FirstSequence}, h.send, h.complete, h.clock.afterFunc)
+	h.k = newKeyQueues(cfg, sequencer{sender: queuesTestSender, next: cfg.FirstSequence}, h.send, h.complete, h.clock)
 	return h
 }
 
@@ -341,10 +347,23 @@ func (qa) waiting(n int) queuesAction {
 	}}
 }
 
-func (qa) timers(n int) queuesAction {
-	return queuesAction{fmt.Sprintf("%d timers", n), func(h *queuesHarness) {
-		if got := h.clock.armed(); got != n {
-			h.t.Errorf("%d timers armed, want %d", got, n)
+// delayed checks how many keys wait for the delay, and that they share one
+// timer.
+func (qa) delayed(n int) queuesAction {
+	return queuesAction{fmt.Sprintf("%d keys wait for the delay", n), func(h *queuesHarness) {
+		h.k.mu.Lock()
+		got := 0
+		for _, e := range h.k.delayed {
+			if e.live() {
+				got++
+			}
+		}
+		h.k.mu.Unlock()
+		if got != n {
+			h.t.Errorf("%d keys wait for the delay, want %d", got, n)
+		}
+		if armed := h.clock.armed(); armed > 1 || n > 0 && armed == 0 {
+			h.t.Errorf("%d timers armed for %d keys waiting, want one", armed, n)
 		}
 	}}
 }
@@ -462,7 +481,7 @@ func TestKeyQueues(t *testing.T) {
 			kq(do.pub("a")),
 			kq(do.pub("a")),
 			kq(do.pub("a"), "a0 a1 a2"),
-			kq(do.timers(0)),
+			kq(do.delayed(0)),
 			kq(do.advance(delay)),
 			kq(do.done("a")),
 			kq(do.results(map[string]error{"a0": nil, "a1": nil, "a2": nil})),
@@ -472,7 +491,7 @@ func TestKeyQueues(t *testing.T) {
 			kq(do.pub("a")),
 			kq(do.pub("a"), "a0 a1"), // 30 bytes waiting; a batch holds 25
 			kq(do.done("a")),         // a2's 10 bytes wait for the delay
-			kq(do.timers(1)),
+			kq(do.delayed(1)),
 			kq(do.advance(delay), "a2"),
 			kq(do.done("a")),
 		}},
@@ -502,10 +521,36 @@ func TestKeyQueues(t *testing.T) {
 			kq(do.advance(delay/2 - time.Millisecond)),
 			kq(do.advance(time.Millisecond), "a0 a1"),
 			kq(do.pub("a")), // behind a batch in flight: no timer yet
-			kq(do.timers(0)),
+			kq(do.delayed(0)),
 			kq(do.done("a")),
-			kq(do.timers(1)),
+			kq(do.delayed(1)),
 			kq(do.advance(delay), "a2"),
+			kq(do.done("a")),
+		}},
+		{"waiting keys share one timer; each goes at its own due time", cfg(100, 1000), []kqStep{
+			kq(do.pub("a")),
+			kq(do.advance(delay / 2)),
+			kq(do.pub("b")),
+			kq(do.pub("a")),
+			kq(do.delayed(2)),
+			kq(do.advance(delay/2), "a0 a1"),
+			kq(do.delayed(1)),
+			kq(do.advance(delay/2 - time.Millisecond)),
+			kq(do.advance(time.Millisecond), "b0"),
+			kq(do.delayed(0)),
+			kq(do.done("a")),
+			kq(do.done("b")),
+		}},
+		{"a timer left armed by a batch that went early sends nothing before its due time", cfg(100, 1000), []kqStep{
+			kq(do.pub("a")),
+			kq(do.hurry(), "a0"),
+			kq(do.hurryDone()),
+			kq(do.advance(delay / 2)),
+			kq(do.done("a")),
+			kq(do.pub("a")), // due at 1.5 delays; the timer fires at 1
+			kq(do.advance(delay / 2)),
+			kq(do.delayed(1)),
+			kq(do.advance(delay/2), "a1"),
 			kq(do.done("a")),
 		}},
 		{"a timer that fires after its batch went sends nothing", cfg(2, 1000), []kqStep{
@@ -513,7 +558,7 @@ func TestKeyQueues(t *testing.T) {
 			// a1 sends a0 while its timer waits for the lock; a2 then
 			// waits for a new timer, not for that one.
 			kq(do.late(delay, do.pub("a"), do.pub("a"), do.done("a")), "a0 a1"),
-			kq(do.timers(1)),
+			kq(do.delayed(1)),
 			kq(do.advance(delay), "a2"),
 			kq(do.done("a")),
 		}},
@@ -618,13 +663,13 @@ func TestKeyQueues(t *testing.T) {
 			kq(do.pub("a")),
 			kq(do.pub("b")),
 			kq(do.hurry(), "a0", "b0"),
-			kq(do.timers(0)),
+			kq(do.delayed(0)),
 			kq(do.pub("a")), // behind a0
 			kq(do.done("a"), "a1"),
 			kq(do.pub("c"), "c0"),
 			kq(do.hurryDone()),
 			kq(do.pub("d")),
-			kq(do.timers(1)),
+			kq(do.delayed(1)),
 			kq(do.advance(delay), "d0"),
 			kq(do.done("a")),
 			kq(do.done("b")),

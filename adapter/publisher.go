@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -45,13 +46,19 @@ var DefaultPublishSettings = PublishSettings{
 const MaxPublishTimeout = 90 * time.Second
 
 // publisher batches a Topic handle's messages per ordering key and sends
-// each key's batches one at a time, in Publish order. Within a batch the
-// messages are pipelined (asynchronous publish on one connection, which the
-// server stores in order). A batch whose failures form a suffix (every
-// message after the first failure failed too) is retried from the first
-// failure, still in order, with the same message ids, so JetStream's
-// de-duplication stores each message once. Any other failure pattern, or a
-// permanent error, pauses the key.
+// each key's batches one at a time, in Publish order. The batches that are
+// ready, of any keys, go out together in one pipelined run (asynchronous
+// publish on one connection, which the server stores in order), from one
+// goroutine, and one more awaits their acks in send order: with thousands
+// of keys each batch is small, and a goroutine and a wait per batch showed
+// in profiles. A key's next batch goes only once its last has ended.
+//
+// A batch whose failures form a suffix (every message after the first
+// failure failed too) is retried from the first failure, still in order,
+// with the same message ids, so JetStream's de-duplication stores each
+// message once; the retry has a goroutine of its own, so that other keys'
+// acks are not held up. Any other failure pattern, or a permanent
+// error, pauses the key.
 //
 // The publisher does the I/O; its keyQueues decide when each batch goes.
 type publisher struct {
@@ -59,6 +66,23 @@ type publisher struct {
 	cfg    PublishSettings
 	queues *keyQueues
 	flow   *flowController
+
+	mu      sync.Mutex
+	toSend  []*batch     // let go by the queues, not sent yet
+	sending bool         // sendLoop runs
+	sent    []*sentBatch // on the wire, acks not awaited yet, in send order
+	acking  bool         // ackLoop runs
+}
+
+// sentBatch is one attempt at sending a batch's messages (items, a suffix
+// of the batch on a retry).
+type sentBatch struct {
+	b        *batch
+	items    []*pubItem
+	futures  []jetstream.PubAckFuture
+	errs     []error // per item; nil while none has failed
+	deadline time.Time
+	window   int64 // room taken in the client's window of in-flight messages
 }
 
 func newPublisher(t *Topic, cfg PublishSettings) *publisher {
@@ -90,15 +114,13 @@ func newPublisher(t *Topic, cfg PublishSettings) *publisher {
 	}
 	p := &publisher{t: t, cfg: cfg, flow: newFlowController(fc)}
 	p.queues = newKeyQueues(cfg, sequencer{sender: sender, next: cfg.FirstSequence},
-		func(b *batch) { go p.sendBatch(b) }, p.complete, nil)
+		p.send, p.complete, nil)
 	return p
 }
 
-func newResult() *PublishResult { return &PublishResult{done: make(chan struct{})} }
-
 // resolved is a result known at once (a message refused before queueing).
 func resolved(id string, err error) *PublishResult {
-	r := newResult()
+	r := &PublishResult{done: make(chan struct{})}
 	r.set(id, err)
 	return r
 }
@@ -122,7 +144,7 @@ func (p *publisher) add(ctx context.Context, key string, msg *nats.Msg) *Publish
 	}
 	res, err := p.queues.add(key, msg, size)
 	if err != nil {
-		p.flow.release(size)
+		p.flow.release(1, size)
 		return resolved("", err)
 	}
 	return res
@@ -139,86 +161,186 @@ func (p *publisher) refuse(key string, err error) *PublishResult {
 	return resolved("", err)
 }
 
-// sendBatch stores b's messages in order, retrying transient failures,
-// then lets the key's next batch go. It is the keyQueues' send, run on its
-// own goroutine.
-func (p *publisher) sendBatch(b *batch) {
-	items := b.items
-	deadline := time.Now().Add(p.cfg.Timeout)
+// send takes a batch the queues let go. It is the keyQueues' send: it
+// does not block.
+func (p *publisher) send(b *batch) {
+	p.mu.Lock()
+	p.toSend = append(p.toSend, b)
+	start := !p.sending
+	p.sending = true
+	p.mu.Unlock()
+	if start {
+		go p.sendLoop()
+	}
+}
+
+// sendLoop sends the batches the queues let go, all that are waiting in
+// one run, and hands each to ackLoop as soon as it is sent, so that acks
+// make room in the client's window while a long run waits for it. It
+// returns when no batch is left.
+func (p *publisher) sendLoop() {
+	var batches []*batch
+	for {
+		p.mu.Lock()
+		batches, p.toSend = p.toSend, batches[:0]
+		if len(batches) == 0 {
+			p.sending = false
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		now := time.Now()
+		sent, deadline := sendTime(now), now.Add(p.cfg.Timeout)
+		for i, b := range batches {
+			s := p.publish(b.items, &sent, deadline)
+			s.b = b
+			batches[i] = nil
+			p.mu.Lock()
+			p.sent = append(p.sent, s)
+			start := !p.acking
+			p.acking = true
+			p.mu.Unlock()
+			if start {
+				go p.ackLoop()
+			}
+		}
+	}
+}
+
+// ackLoop awaits the acks of the batches sendLoop sent, in send order, and
+// ends each. It returns when none is left.
+func (p *publisher) ackLoop() {
+	var sent []*sentBatch
+	for {
+		p.mu.Lock()
+		sent, p.sent = p.sent, sent[:0]
+		if len(sent) == 0 {
+			p.acking = false
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		for i, s := range sent {
+			first := s.await()
+			p.t.c.publishWindow.Release(s.window)
+			if first < 0 {
+				p.complete(s.items, nil)
+				p.queues.finish(s.b, nil)
+			} else {
+				p.complete(s.items[:first], nil)
+				go p.retry(s.b, s.items[first:], s.errs[first:], s.deadline)
+			}
+			sent[i] = nil
+		}
+	}
+}
+
+// retry ends a batch whose messages items failed with errs, in order: a
+// suffix of failures that may go away is sent again (with the same
+// message ids) until it is stored or the deadline is near; anything else
+// fails the batch and pauses its key.
+func (p *publisher) retry(b *batch, items []*pubItem, errs []error, deadline time.Time) {
 	backoff := 50 * time.Millisecond
-	for len(items) > 0 {
-		firstFail, errs := p.pipeline(items, deadline)
-		if firstFail < 0 {
+	for {
+		err := errs[0]
+		suffix := true
+		for _, e := range errs {
+			suffix = suffix && e != nil
+		}
+		if !suffix || !p.retryable(err, b.key() != "") || !time.Now().Add(backoff).Before(deadline) {
+			p.fail(b, items, errs, p.t.publishError(err))
+			return
+		}
+		p.t.c.cfg.logger.Debug("publish failed; retrying in order", "topic", p.t.id, "key", b.key(), "messages", len(items), "err", err)
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 2*time.Second)
+		sent := sendTime(time.Now())
+		s := p.publish(items, &sent, deadline)
+		first := s.await()
+		p.t.c.publishWindow.Release(s.window)
+		if first < 0 {
 			p.complete(items, nil)
 			break
 		}
-		p.complete(items[:firstFail], nil)
-		items = items[firstFail:]
-		err := errs[firstFail]
-		suffix := true
-		for _, e := range errs[firstFail:] {
-			suffix = suffix && e != nil
-		}
-		if suffix && p.retryable(err, b.key() != "") && time.Now().Add(backoff).Before(deadline) {
-			p.t.c.cfg.logger.Debug("publish failed; retrying in order", "topic", p.t.id, "key", b.key(), "messages", len(items), "err", err)
-			time.Sleep(backoff)
-			backoff = min(2*backoff, 2*time.Second)
-			continue
-		}
-		p.fail(b, items, errs[firstFail:], p.t.publishError(err))
-		return
+		p.complete(items[:first], nil)
+		items, errs = items[first:], s.errs[first:]
 	}
 	p.queues.finish(b, nil)
 }
 
-// pipeline publishes batch asynchronously and waits for every ack. It
-// returns the index of the first failure (-1 if none) and each message's
-// error. A message that cannot be sent stops the batch there, so that
+// publish sends items asynchronously, in order, once it has room for all
+// of them in the client's window; it does not wait for acks. It stamps
+// them with sent, the run's send time, and takes the time anew if it had
+// to wait. A message that cannot be sent stops the run there, so that
 // send failures, like the server's refusals of a stream, form a suffix.
-func (p *publisher) pipeline(batch []*pubItem, deadline time.Time) (int, []error) {
-	futures := make([]jetstream.PubAckFuture, len(batch))
-	errs := make([]error, len(batch))
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	window := p.t.c.publishWindow
-	if err := window.Acquire(ctx, int64(len(batch))); err != nil {
-		err = fmt.Errorf("no room among the client's in-flight messages within the publish timeout: %w", err)
-		for i := range errs {
-			errs[i] = err
+func (p *publisher) publish(items []*pubItem, sent *[]string, deadline time.Time) *sentBatch {
+	s := &sentBatch{items: items, deadline: deadline}
+	n := int64(len(items))
+	if window := p.t.c.publishWindow; !window.TryAcquire(n) {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		err := window.Acquire(ctx, n)
+		cancel()
+		if err != nil {
+			s.failFrom(0, fmt.Errorf("no room among the client's in-flight messages within the publish timeout: %w", err))
+			return s
 		}
-		return 0, errs
+		*sent = sendTime(time.Now())
 	}
-	defer window.Release(int64(len(batch)))
-	now := formatTime(time.Now())
-	for i, it := range batch {
-		writeSendTime(it.msg.Header, now)
-		futures[i], errs[i] = p.t.c.js.PublishMsgAsync(it.msg, noLibraryRetry)
-		if errs[i] != nil {
-			for j := i + 1; j < len(batch); j++ {
-				errs[j] = errs[i]
-			}
+	s.window = n
+	s.futures = make([]jetstream.PubAckFuture, len(items))
+	for i, it := range items {
+		writeSendTime(it.msg.Header, *sent)
+		f, err := p.t.c.js.PublishMsgAsync(it.msg, noLibraryRetry)
+		if err != nil {
+			s.failFrom(i, err)
 			break
 		}
+		s.futures[i] = f
 	}
-	first := -1
-	for i, f := range futures {
-		if f != nil {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				errs[i] = err
+	return s
+}
+
+// failFrom fails the messages from i on with err.
+func (s *sentBatch) failFrom(i int, err error) {
+	if s.errs == nil {
+		s.errs = make([]error, len(s.items))
+	}
+	for ; i < len(s.errs); i++ {
+		s.errs[i] = err
+	}
+}
+
+// await waits for every ack and returns the index of the first failure, or
+// -1 if none; s.errs holds each message's error.
+func (s *sentBatch) await() int {
+	for i, f := range s.futures {
+		if f == nil {
+			continue // not sent
+		}
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			if s.errs == nil {
+				s.errs = make([]error, len(s.items))
 			}
-		}
-		if errs[i] != nil && first < 0 {
-			first = i
+			s.errs[i] = err
 		}
 	}
-	return first, errs
+	for i, err := range s.errs {
+		if err != nil {
+			return i
+		}
+	}
+	return -1
 }
 
 func (p *publisher) complete(items []*pubItem, err error) {
+	bytes := 0
 	for _, it := range items {
-		p.flow.release(it.size)
+		bytes += it.size
+	}
+	p.flow.release(len(items), bytes)
+	for _, it := range items {
 		if err != nil {
 			it.result.set("", err)
 		} else {
