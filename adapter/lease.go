@@ -59,14 +59,19 @@ func (l *lease) reconnectCount() uint64 {
 	return l.reconnects()
 }
 
-// acquire takes the lease if nobody holds it, or if gone (which may be
-// nil) says its holder is gone.
+// acquire takes the lease if nobody holds it, if it still names this
+// holder (a release that never reached the server: the connection was
+// down when the lease was lost), or if gone (which may be nil) says its
+// holder is gone.
 func (l *lease) acquire(ctx context.Context, gone func(holder string) bool) (bool, error) {
 	start, n := l.now(), l.reconnectCount()
 	rev, err := l.kv.Create(ctx, l.key, []byte(l.id))
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		e, gerr := l.kv.Get(ctx, l.key)
-		if gerr != nil || gone == nil || !gone(string(e.Value())) {
+		if gerr != nil {
+			return false, nil
+		}
+		if holder := string(e.Value()); holder != l.id && (gone == nil || !gone(holder)) {
 			return false, nil
 		}
 		// Only one taker's update names the revision read.

@@ -124,6 +124,8 @@ func TestLeaseTakeOverFromGoneHolder(t *testing.T) {
 		{"holder gone", &fakeLeaseStore{exists: true, rev: 3, value: "gone"}, goneHolder, true, "me"},
 		{"holder there", &fakeLeaseStore{exists: true, rev: 3, value: "alive"}, goneHolder, false, "alive"},
 		{"no presence check", &fakeLeaseStore{exists: true, rev: 3, value: "gone"}, nil, false, "gone"},
+		// Its release never reached the server: nobody took it since.
+		{"still mine", &fakeLeaseStore{exists: true, rev: 3, value: "me"}, nil, true, "me"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
