@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
+	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -191,4 +193,74 @@ func TestPipelinedOrderingCheckerGoClient(t *testing.T) {
 	}
 	st := chk.Stats(sub)
 	t.Logf("%d deliveries, %d redeliveries, %d acks", st.Deliveries, st.Redeliveries, st.Acks)
+}
+
+// A library receiver with pipelined ordering dies with a window of a key
+// out: its handlers returned without acking most of them, and one later
+// ack waits behind an earlier unacked message. The receiver that takes
+// over delivers the key again from its first unacked message, in order,
+// the held-back ack's message included; every delivery is checked.
+func TestPipelinedReceiverCrashMidWindow(t *testing.T) {
+	opts := []adapter.Option{adapter.WithFailoverTimeout(3 * time.Second)}
+	e := newEnv(t, opts...)
+	topic := e.createTopic("pipe-crash")
+	e.createSub("pipe-crash-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 10 * time.Second,
+		Delivery: adapter.DeliveryPartitioned, Partitions: 1})
+	const sub, n = "pipe-crash-sub", 10
+	chk := ordercheck.NewPipelined()
+	ncA, cA := e.connect(opts...)
+	_, cB := e.connect(opts...)
+
+	out := make(chan *adapter.Message, n)
+	subA := cA.Subscription(sub)
+	subA.ReceiveSettings.Ordering = adapter.PipelinedOrdering
+	startReceive(t, subA, func(_ context.Context, m *adapter.Message) {
+		key, idx, _ := ordercheck.Decode(m.Data)
+		chk.Delivered(sub, key, idx)
+		chk.Released(sub, key, idx) // returns unacked: the key's next may start
+		out <- m
+	})
+	for i := range n {
+		chk.Published("k", i)
+		publish(t, topic, string(ordercheck.Encode("k", i)), "k")
+	}
+	var got []*adapter.Message
+	for len(got) < n { // all ten out at once: none was acked
+		select {
+		case m := <-out:
+			got = append(got, m)
+		case <-time.After(15 * time.Second):
+			t.Fatalf("A got %d of %d messages without acking any", len(got), n)
+		}
+	}
+	for _, i := range []int{0, 1, 4} { // 4's ack waits for 2 and 3
+		chk.Acked(sub, "k", i)
+		got[i].Ack()
+	}
+	ncA.Close() // A is gone, as far as NATS can tell
+	chk.AcksMayBeLost()
+
+	subB := cB.Subscription(sub)
+	subB.ReceiveSettings.Ordering = adapter.PipelinedOrdering
+	var mu sync.Mutex
+	var atB []int
+	startReceive(t, subB, func(_ context.Context, m *adapter.Message) {
+		key, idx, _ := ordercheck.Decode(m.Data)
+		chk.Delivered(sub, key, idx)
+		mu.Lock()
+		atB = append(atB, idx)
+		mu.Unlock()
+		chk.Acked(sub, key, idx)
+		m.Ack()
+	})
+	testutil.Eventually(t, 30*time.Second, func() bool { return chk.Complete(sub) }, "not everything acked: %s", func() string { return chk.Missing(sub) })
+	if v := chk.Violations(); len(v) > 0 {
+		t.Fatalf("%d ordering violations, first: %s", len(v), strings.Join(v, "\n"))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Contains(atB, 4) {
+		t.Fatalf("B got %v: message 4, acked at A behind unacked 2 and 3, must come again", atB)
+	}
+	t.Logf("B got %v", atB)
 }

@@ -19,7 +19,9 @@
 //   - per (subscription, key), every delivery is of the message after the
 //     key's previous delivery, or goes back to one not yet acked (the first
 //     unacked, or a later one) and goes on in order from there;
-//   - one handler of a key at a time, and nothing lost, as above.
+//   - one handler of a key at a time, and nothing lost, as above. A
+//     message may be acked after its handler returned (Released), while it
+//     is out.
 //
 // After a process was killed (AcksMayBeLost), acks it had not yet passed
 // on or stored are lost, so a key may go back to a message acked before;
@@ -226,12 +228,20 @@ func (c *Checker) Acked(sub, key string, index int) {
 		return
 	}
 	k := s.keys[key]
-	if k == nil || k.inFlight != index {
-		c.violate("%s: key %q message %d acked but not in a handler", sub, key, index)
+	if k == nil {
+		c.violate("%s: key %q message %d acked but never delivered", sub, key, index)
 		return
 	}
-	k.inFlight = -1
 	if c.pipelined {
+		switch {
+		case k.inFlight == index:
+			k.inFlight = -1
+		case index < k.firstUnacked || index > k.last:
+			// Acked after its handler returned (Released) is fine, but only
+			// for a message out: delivered, not acked, not gone back past.
+			c.violate("%s: key %q message %d acked but not out (first unacked %d, last delivered %d)", sub, key, index, k.firstUnacked, k.last)
+			return
+		}
 		k.acked[index] = true
 		for k.acked[k.firstUnacked] {
 			delete(k.acked, k.firstUnacked)
@@ -239,6 +249,11 @@ func (c *Checker) Acked(sub, key string, index int) {
 		}
 		return
 	}
+	if k.inFlight != index {
+		c.violate("%s: key %q message %d acked but not in a handler", sub, key, index)
+		return
+	}
+	k.inFlight = -1
 	if index == k.firstUnacked {
 		k.firstUnacked++
 	}

@@ -243,3 +243,19 @@ func TestPipelinedCheckerCompleteOnlyWhenThePrefixIsAcked(t *testing.T) {
 		t.Fatalf("violations: %v", v)
 	}
 }
+
+func TestPipelinedCheckerAckAfterHandlerReturned(t *testing.T) {
+	c := NewPipelined()
+	c.Delivered("s", "k", 0)
+	c.Released("s", "k", 0) // handler returned; acked later
+	c.Delivered("s", "k", 1)
+	c.Acked("s", "k", 0) // while 1 runs
+	c.Acked("s", "k", 1)
+	if v := c.Violations(); len(v) > 0 {
+		t.Fatalf("violations: %v", v)
+	}
+	c.Acked("s", "k", 5)
+	if v := c.Violations(); len(v) != 1 || !strings.Contains(v[0], "not out") {
+		t.Fatalf("ack of a message never delivered: violations %v", v)
+	}
+}
