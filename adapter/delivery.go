@@ -165,6 +165,15 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 // is harmless.
 func (d *delivery) ackConfirmed(ctx context.Context) error {
 	r := d.r
+	if r.pipelined && d.home.confirmsAcks() {
+		// Its ack may have to wait for the key's earlier ones: it goes in
+		// their order, as Ack's (PipelinedOrdering).
+		d.finish(ackAck)
+		if d.outcome != ackAck {
+			return fmt.Errorf("%w: it was handed back first", ErrAckInvalid)
+		}
+		return nil
+	}
 	first := false
 	d.once.Do(func() {
 		first = true

@@ -560,13 +560,18 @@ func (p *partition) ackSending(d *delivery) {
 func (p *partition) confirmLater(d *delivery) {
 	p.mu.Lock()
 	send, revoked := p.g.ackMade(d)
+	// Queued under the partition's lock: a key's acks reach confirmAcks in
+	// the order the gates let them go.
+	late := p.m.confirmQueueLocked(send)
 	p.mu.Unlock()
 	if revoked {
 		_ = p.r.c.nc.Publish(d.reply, handBackPayload)
 		return
 	}
-	for _, e := range send {
-		p.m.confirmQueue(e)
+	if late {
+		// confirmAcks has ended (Receive is ending): sent and confirmed
+		// here, outside the lock, which releasing them takes.
+		p.m.sendAndConfirm(send)
 	}
 }
 
@@ -579,6 +584,28 @@ func (p *partition) handOver(d *delivery) {
 	start := p.g.handOver(d)
 	p.mu.Unlock()
 	p.r.launch(start)
+}
+
+// confirmQueueLocked has confirmAcks send ds' acks and release them once
+// confirmed, unless confirmAcks has ended: it then reports late, for the
+// caller to send and confirm them itself. It takes no partition lock.
+func (m *partitionedMode) confirmQueueLocked(ds []*delivery) (late bool) {
+	if len(ds) == 0 {
+		return false
+	}
+	select {
+	case <-m.stopped:
+		return true
+	default:
+	}
+	m.confirmMu.Lock()
+	m.confirmQ = append(m.confirmQ, ds...)
+	m.confirmMu.Unlock()
+	select {
+	case m.confirmWake <- struct{}{}:
+	default:
+	}
+	return false
 }
 
 // confirmQueue has confirmAcks send d's ack and release d once confirmed.

@@ -49,11 +49,13 @@ const (
 	// previous one's handler returns, acked or not, up to KeyWindow
 	// messages of the key not yet acked: Pub/Sub's semantics for clients
 	// that run a key's handlers one at a time. A handler may return before
-	// it acks or nacks; its message stays held (its deadline extended)
-	// until it does. A key's acks reach the server in order. A nack, or a
-	// message left past MaxExtension, brings back that message and every
-	// later message of its key started since, acked or not, in order after
-	// it.
+	// it acks or nacks; its message stays held (its deadline extended, up
+	// to MaxExtension) until it does, and the key's later acks wait for
+	// it: every message must be acked or nacked. A key's acks reach the
+	// server in order. A nack brings back that message and every later
+	// message of its key started since, acked or not, in order after it.
+	// AckWithResult acks as Ack does and does not wait for the server's
+	// confirmation (the ack may wait for the key's earlier ones).
 	//
 	// It applies to partitioned delivery. Per-key delivery (a consumer per
 	// key with MaxAckPending 1), and subscriptions with exactly-once
@@ -654,12 +656,23 @@ func (r *receiver) dispatch() {
 func (r *receiver) handle(d *delivery) {
 	defer r.workers.Done()
 	defer func() { <-r.slots }()
+	if r.pipelined {
+		// However the handler ends, its key learns it is done with d: a
+		// key whose message was revoked before or while it ran waits for
+		// that. (Deferred first, so it runs after a panic's nack.)
+		defer d.home.handOver(d)
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			d.finish(ackNak)
 			r.fail(fmt.Errorf("%w: %v (message %s, ordering key %q)", ErrHandlerPanic, p, d.msg.ID, d.msg.OrderingKey))
 		}
 	}()
+	select {
+	case <-d.revokedC: // nil without pipelining
+		return // handed back with an earlier message of its key before it started: it comes again after it
+	default:
+	}
 	if r.isSuperseded() {
 		d.finish(ackAck) // the old epoch's: the seek decides its fate
 		return
@@ -674,7 +687,9 @@ func (r *receiver) handle(d *delivery) {
 	}
 	d.msg.DeliverTime = time.Now().UTC()
 	r.handler(r.hctx, d.msg)
-	d.home.handOver(d)
+	if !r.pipelined {
+		d.home.handOver(d)
+	}
 }
 
 // moveToDeadLetter publishes a message delivered too often to the

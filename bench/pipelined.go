@@ -52,7 +52,7 @@ func (b *bench) pipelinedRuns() chart {
 			x.strict = b.deliverIn(adapter.DeliveryPartitioned, r.keys, r.strictMsgs, goClient(strict))
 			x.piped = b.deliverIn(adapter.DeliveryPartitioned, r.keys, r.msgs, goClient(piped))
 			*r.out = append(*r.out, x)
-			fmt.Printf("%-5d %-30s %10.0f %10.0f %7.3fx %10.0f %7.3fx\n", round, fmt.Sprintf("%d keys, %d msgs, Go client", r.keys, r.msgs),
+			fmt.Printf("%-5d %-30s %10.0f %10.0f %7.3fx %10.0f %7.3fx\n", round, fmt.Sprintf("%s, %d msgs, Go client", plural(r.keys, "key"), r.msgs),
 				x.lib, x.strict, x.strict/x.lib, x.piped, x.piped/x.lib)
 		}
 	}
