@@ -56,13 +56,20 @@ type holder interface {
 	// before d is released (a partitioned key's next message starts only
 	// then).
 	confirmsAcks() bool
-	// ackSending records that d's ack is on its way: the take-over fence
-	// stops counting d as unacked.
+	// ackSending records that d's ack is on its way (AckWithResult sends
+	// it): the take-over fence stops counting d as unacked.
 	ackSending(d *delivery)
 	// confirmLater sends d's ack (d.acked) and releases d once a round
 	// trip to the server shows the server has it, sending it again until
-	// it does.
+	// it does. With pipelined ordering the ack waits for the acks of the
+	// earlier messages of its key, and is not sent at all if one of them
+	// is nacked first (the message comes back after it).
 	confirmLater(d *delivery)
+	// handOver records that d's handler is done with it. With strict
+	// ordering a message not acked by then comes back after its deadline;
+	// with pipelined ordering it stays held (acked or nacked later) and the
+	// next message of its key may start.
+	handOver(d *delivery)
 }
 
 // delivery is one message this process holds, from its arrival until it is
@@ -85,10 +92,18 @@ type delivery struct {
 	// (AckWithResult).
 	ackState atomic.Int32
 
+	// revokedC is closed when a pipelined key hands d back before its
+	// handler is done with it (an earlier message of the key was nacked);
+	// nil unless the receiver pipelines.
+	revokedC chan struct{}
+
 	// Partitioned deliveries, guarded by their partition's lock.
-	dseq    uint64  // the consumer's latest delivery sequence of it
-	acked   ackKind // the ack or term being confirmed
-	ackSent bool    // its ack or term was sent
+	dseq       uint64  // the consumer's latest delivery sequence of it
+	acked      ackKind // the ack or term being confirmed
+	ackSent    bool    // its ack or term was sent
+	ackMade    bool    // acked by the application; the ack may wait for earlier ones (pipelined)
+	handedOver bool    // its handler is done with it (pipelined: the key's next may start)
+	revoked    bool    // handed back with an earlier message of its key (pipelined)
 }
 
 // ackState is where a delivery's ack is on its way to the server.
@@ -121,19 +136,14 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 		// has it); everything else is forgotten at once (for a nack, before
 		// it is sent: its redelivery may come at once, and must not be
 		// taken for a copy of this one).
-		confirm := d.home.confirmsAcks() && (kind == ackAck || kind == ackTerm)
-		if confirm {
-			d.home.ackSending(d)
-		} else {
-			d.home.release(d, false)
-		}
-		if confirm {
+		if d.home.confirmsAcks() && (kind == ackAck || kind == ackTerm) {
 			// The holder sends it, in its order after a reconnect
 			// (partitionedMode.confirmAcks), and again until confirmed.
 			d.acked = kind
 			d.home.confirmLater(d)
 			return
 		}
+		d.home.release(d, false)
 		if err := d.r.c.nc.Publish(d.reply, payload); err != nil {
 			d.r.c.cfg.logger.Warn("ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)
 		}
@@ -155,6 +165,15 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 // is harmless.
 func (d *delivery) ackConfirmed(ctx context.Context) error {
 	r := d.r
+	if r.pipelined && d.home.confirmsAcks() {
+		// Its ack may have to wait for the key's earlier ones: it goes in
+		// their order, as Ack's (PipelinedOrdering).
+		d.finish(ackAck)
+		if d.outcome != ackAck {
+			return fmt.Errorf("%w: it was handed back first", ErrAckInvalid)
+		}
+		return nil
+	}
 	first := false
 	d.once.Do(func() {
 		first = true

@@ -31,6 +31,12 @@ type gates struct {
 	held map[uint64]*delivery // by stream sequence
 	keys map[string]*keyGate  // by subject
 
+	// window is how many messages of a key may be started and not yet
+	// settled: 1 is strict ordering (a key's next message starts once the
+	// previous one is acked); more is pipelined ordering (it starts once
+	// the previous one is handed over, its handler done with it).
+	window int
+
 	// done is, for keys whose messages were acked here lately, the
 	// highest stream sequence acked (the server confirmed it); doneOrder
 	// is those keys oldest first, so that done stays at most doneCap.
@@ -47,11 +53,19 @@ const doneCap = 4096
 
 // keyGate is one key's messages in an owned partition.
 type keyGate struct {
-	active *delivery // in a handler, or acked and waiting for confirmation
-	// awaiting is the stream sequence of a message that was handed back
-	// (nacked, or its handler returned without an ack); no later message of
-	// the key starts until it is delivered again.
-	awaiting      uint64
+	// out is the key's messages started and not yet settled (in a handler,
+	// handed over, acked and waiting for confirmation), in stream order.
+	// Strict ordering has at most one; pipelined ordering up to the
+	// window, every one handed over but the last.
+	out []*delivery
+	// running is a message handed back while its handler still runs
+	// (pipelined: an earlier message of its key was nacked): nothing of
+	// the key starts until the handler is done with it.
+	running *delivery
+	// awaiting is the stream sequences of messages that were handed back
+	// (nacked, or their handler returned without an ack), ascending; no
+	// message of the key starts until they are all delivered again.
+	awaiting      []uint64
 	awaitingSince time.Time
 	// goneOnce is an awaited message the stream's leader said once it does
 	// not have; a second answer in a row lets the key move on.
@@ -59,10 +73,30 @@ type keyGate struct {
 	waiting  []*delivery // by stream sequence
 }
 
-func (g *keyGate) idle() bool { return g.active == nil && g.awaiting == 0 && len(g.waiting) == 0 }
+func (g *keyGate) idle() bool {
+	return len(g.out) == 0 && g.running == nil && len(g.awaiting) == 0 && len(g.waiting) == 0
+}
 
-func newGates() *gates {
-	return &gates{held: make(map[uint64]*delivery), keys: make(map[string]*keyGate), done: make(map[string]uint64)}
+// unawait forgets seq from the messages the key waits for.
+func (g *keyGate) unawait(seq uint64) bool {
+	i, found := slices.BinarySearch(g.awaiting, seq)
+	if found {
+		g.awaiting = slices.Delete(g.awaiting, i, i+1)
+	}
+	return found
+}
+
+// await adds seq to the messages the key waits for.
+func (g *keyGate) await(seq uint64) {
+	if i, found := slices.BinarySearch(g.awaiting, seq); !found {
+		g.awaiting = slices.Insert(g.awaiting, i, seq)
+	}
+}
+
+// newGates returns an empty book letting window messages of a key be
+// started and unsettled at once (1: strict ordering).
+func newGates(window int) *gates {
+	return &gates{held: make(map[uint64]*delivery), keys: make(map[string]*keyGate), done: make(map[string]uint64), window: max(window, 1)}
 }
 
 // arrival is what the gates decided about a delivered message.
@@ -139,9 +173,7 @@ func (g *gates) arrive(d *delivery, pin string) (v arrivalVerdict, start []*deli
 		k = &keyGate{}
 		g.keys[d.subject] = k
 	}
-	if k.awaiting == d.key.seq {
-		k.awaiting = 0
-	}
+	k.unawait(d.key.seq)
 	i, _ := slices.BinarySearchFunc(k.waiting, d.key.seq, func(w *delivery, seq uint64) int {
 		return cmp.Compare(w.key.seq, seq)
 	})
@@ -157,14 +189,18 @@ func (g *gates) fence() {
 }
 
 // pump moves the first waiting message of the key subject (gate k) into a
-// handler if the key is free, appending it to out, and forgets the gate
-// once it holds nothing.
+// handler if the key may start one, appending it to out, and forgets the
+// gate once it holds nothing. A key may start a message when nothing it
+// waits for is missing, the window has room, and every message it started
+// is handed over (one handler of a key at a time).
 func (g *gates) pump(subject string, k *keyGate, out []*delivery) []*delivery {
-	if !g.fenced && !g.stopping && k.active == nil && k.awaiting == 0 && len(k.waiting) > 0 {
+	free := k.running == nil && len(k.awaiting) == 0 && len(k.out) < g.window &&
+		(len(k.out) == 0 || k.out[len(k.out)-1].handedOver)
+	if !g.fenced && !g.stopping && free && len(k.waiting) > 0 {
 		d := k.waiting[0]
 		k.waiting[0] = nil
 		k.waiting = k.waiting[1:]
-		k.active = d
+		k.out = append(k.out, d)
 		out = append(out, d)
 	}
 	if k.idle() {
@@ -183,20 +219,24 @@ func (g *gates) current(d *delivery) *delivery { return g.held[d.key.seq] }
 // server has d's ack (or term); otherwise d comes back, and its key waits
 // for it. A d no longer held whose ack the server has (its handler
 // returned without one, then it was acked) unblocks its key.
-func (g *gates) release(d *delivery, settled bool, now time.Time) []*delivery {
+//
+// A d handed back takes with it every later message of its key started
+// here (pipelined ordering): they leave the book and are returned as
+// revoked, for the caller to hand back (nack) too, so that they come again
+// after d, in order. Their acks, made or to come, are not sent.
+func (g *gates) release(d *delivery, settled bool, now time.Time) (start, revoked []*delivery) {
 	if !g.holds(d) {
 		if !settled {
-			return nil
+			return nil, nil
 		}
 		// Acked after its handler returned (the sidecar acks this way):
 		// remembered as any ack.
 		g.ackedHere(d)
 		k := g.keys[d.subject]
-		if k == nil || k.awaiting != d.key.seq {
-			return nil
+		if k == nil || !k.unawait(d.key.seq) {
+			return nil, nil
 		}
-		k.awaiting = 0
-		return g.pump(d.subject, k, nil)
+		return g.pump(d.subject, k, nil), nil
 	}
 	delete(g.held, d.key.seq)
 	if settled {
@@ -204,18 +244,82 @@ func (g *gates) release(d *delivery, settled bool, now time.Time) []*delivery {
 	}
 	k := g.keys[d.subject]
 	if k == nil {
-		return nil
+		return nil, nil
 	}
-	if k.active == d {
-		k.active = nil
-		if !settled && !g.fenced {
-			k.awaiting = d.key.seq
-			k.awaitingSince = now
+	if i := slices.Index(k.out, d); i >= 0 {
+		if !settled {
+			revoked = slices.Clone(k.out[i+1:])
+			for _, e := range revoked {
+				delete(g.held, e.key.seq)
+				e.revoked = true
+				if !e.handedOver {
+					k.running = e
+				}
+			}
+			clear(k.out[i:])
+			k.out = k.out[:i]
+			if !g.fenced {
+				k.await(d.key.seq)
+				for _, e := range revoked {
+					k.await(e.key.seq)
+				}
+				k.awaitingSince = now
+			}
+		} else {
+			k.out = slices.Delete(k.out, i, i+1)
 		}
 	} else if i := slices.Index(k.waiting, d); i >= 0 {
 		k.waiting = slices.Delete(k.waiting, i, i+1)
 	}
+	return g.pump(d.subject, k, nil), revoked
+}
+
+// handOver records that d's handler is done with it (pipelined ordering:
+// it may still be acked or nacked later), and returns what may start now.
+func (g *gates) handOver(d *delivery) []*delivery {
+	k := g.keys[d.subject]
+	if k == nil {
+		return nil
+	}
+	if k.running == d {
+		k.running = nil // revoked while in its handler: its key may go on
+	} else if !g.holds(d) {
+		return nil
+	}
+	d.handedOver = true
 	return g.pump(d.subject, k, nil)
+}
+
+// ackMade records the ack (or term) the application made of d, and
+// returns the acks that may go to the server now, in order: a key's acks
+// reach the server in its messages' order, so that a later message's ack
+// waits for the earlier ones' (pipelined ordering: a nack of an earlier one
+// brings the later ones back). revoked: d was handed back meanwhile, its
+// ack must not be sent (a nack instead).
+func (g *gates) ackMade(d *delivery) (send []*delivery, revoked bool) {
+	if d.revoked {
+		return nil, true
+	}
+	k := g.keys[d.subject]
+	if !g.holds(d) || k == nil || d.ackSent || !slices.Contains(k.out, d) {
+		// Not held (acked after its handler returned, or after the
+		// partition was lost), sent already (AckWithResult), or never
+		// started: it goes as it is.
+		d.ackSent = d.ackSent || g.holds(d)
+		return []*delivery{d}, false
+	}
+	d.ackMade = true
+	for _, e := range k.out {
+		if e.ackSent {
+			continue
+		}
+		if !e.ackMade {
+			break
+		}
+		e.ackSent = true
+		send = append(send, e)
+	}
+	return send, false
 }
 
 // ackedHere remembers that d was acked here and the server confirmed it.
@@ -235,9 +339,10 @@ func (g *gates) ackedHere(d *delivery) {
 	g.done[d.subject] = d.key.seq
 }
 
-// markAckSent records that d's ack is on its way: the fence no longer
-// counts it as unacked. Before the ack can reach the server, so the fence
-// never counts it as unacked after the server has it.
+// markAckSent records that d's ack is on its way (AckWithResult sends it
+// itself): the fence no longer counts it as unacked. Before the ack can
+// reach the server, so the fence never counts it as unacked after the
+// server has it.
 func (g *gates) markAckSent(d *delivery) {
 	if g.holds(d) {
 		d.ackSent = true
@@ -314,7 +419,7 @@ func (g *gates) lift(n int, a consumerAnswer) (lifted bool, start []*delivery) {
 	for subject, k := range g.keys {
 		// A message handed back before the fence is either held here now
 		// or was acked meanwhile.
-		k.awaiting = 0
+		k.awaiting = nil
 		start = g.pump(subject, k, start)
 	}
 	return true, start
@@ -345,8 +450,8 @@ func (g *gates) pinAnswer(pin, current string) (lost bool, back []*delivery) {
 			back = append(back, d)
 		}
 		k.waiting = nil
-		k.awaiting = 0 // the new owner gets it back
-		if k.active == nil {
+		k.awaiting = nil // the new owner gets them back
+		if len(k.out) == 0 && k.running == nil {
 			delete(g.keys, subject)
 		}
 	}
@@ -368,8 +473,8 @@ func (g *gates) overdue(now time.Time, limit time.Duration) []awaited {
 	}
 	var out []awaited
 	for subject, k := range g.keys {
-		if k.awaiting != 0 && now.Sub(k.awaitingSince) > limit {
-			out = append(out, awaited{subject, k.awaiting, k.awaitingSince})
+		if len(k.awaiting) > 0 && now.Sub(k.awaitingSince) > limit {
+			out = append(out, awaited{subject, k.awaiting[0], k.awaitingSince})
 		}
 	}
 	return out
@@ -383,13 +488,14 @@ func (g *gates) overdue(now time.Time, limit time.Duration) []awaited {
 func (g *gates) goneAnswer(w awaited, gone bool) (moved bool, start []*delivery) {
 	k := g.keys[w.subject]
 	switch {
-	case k == nil || k.awaiting != w.seq:
+	case k == nil || len(k.awaiting) == 0 || k.awaiting[0] != w.seq:
 	case !gone:
 		k.goneOnce = 0
 	case k.goneOnce != w.seq:
 		k.goneOnce = w.seq
 	default:
-		k.awaiting, k.goneOnce = 0, 0
+		k.unawait(w.seq)
+		k.goneOnce = 0
 		return true, g.pump(w.subject, k, nil)
 	}
 	return false, nil

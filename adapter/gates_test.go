@@ -33,7 +33,7 @@ type book struct {
 	g *gates
 }
 
-func newBook(t *testing.T) *book { return &book{t: t, g: newGates()} }
+func newBook(t *testing.T) *book { return &book{t: t, g: newGates(1)} }
 
 // arrive delivers d in the term of pin and checks what starts.
 func (b *book) arrive(d *delivery, pin string, want arrivalVerdict, start ...uint64) fenceCause {
@@ -48,7 +48,11 @@ func (b *book) arrive(d *delivery, pin string, want arrivalVerdict, start ...uin
 
 func (b *book) release(d *delivery, settled bool, start ...uint64) {
 	b.t.Helper()
-	b.wantStart("release", b.g.release(d, settled, t0), start)
+	got, revoked := b.g.release(d, settled, t0)
+	b.wantStart("release", got, start)
+	if len(revoked) > 0 {
+		b.t.Fatalf("release %s|%d revoked %v", d.subject, d.key.seq, seqs(revoked))
+	}
 }
 
 // ack is a confirmed ack of d: sent, then the server has it.
@@ -133,8 +137,8 @@ func TestGatesNackedWaitsForRedelivery(t *testing.T) {
 	b.arrive(k1, "A", admitted, 10)
 	b.arrive(msg("k", 11, 3), "A", admitted)
 	b.release(k1, false) // nacked: 11 must not overtake it
-	if got := b.g.keys["k"].awaiting; got != 10 {
-		t.Fatalf("awaiting %d, want 10", got)
+	if got := b.g.keys["k"].awaiting; !slices.Equal(got, []uint64{10}) {
+		t.Fatalf("awaiting %v, want [10]", got)
 	}
 	b.arrive(msg("k", 10, 4), "A", admitted, 10)
 }
@@ -431,4 +435,107 @@ func TestGatesFencedHandBackDoesNotAwait(t *testing.T) {
 	b.arrive(msg("k", 11, 1), "B", admitted)
 	b.release(k1, false)
 	b.lift(consumerAnswer{unacked: 1, delivered: 1, first: 11}, true, 11)
+}
+
+// pipelined is an owned partition's book with a key window of window.
+func pipelined(t *testing.T, window int) *book {
+	b := owned(t)
+	b.g.window = window
+	return b
+}
+
+func (b *book) handOver(d *delivery, start ...uint64) {
+	b.t.Helper()
+	b.wantStart("hand over", b.g.handOver(d), start)
+}
+
+// ackMade is the application's ack of d; want is the acks that may go.
+func (b *book) ackMade(d *delivery, want ...uint64) {
+	b.t.Helper()
+	send, revoked := b.g.ackMade(d)
+	if revoked {
+		b.t.Fatalf("ack of %s|%d: revoked", d.subject, d.key.seq)
+	}
+	if got := seqs(send); !slices.Equal(got, append([]uint64{}, want...)) {
+		b.t.Fatalf("ack of %s|%d sends %v, want %v", d.subject, d.key.seq, got, want)
+	}
+}
+
+func TestGatesPipelinedStartsOnHandOverUpToWindow(t *testing.T) {
+	b := pipelined(t, 3)
+	k := []*delivery{msg("k", 10, 2), msg("k", 11, 3), msg("k", 12, 4), msg("k", 13, 5)}
+	b.arrive(k[0], "A", admitted, 10)
+	b.arrive(k[1], "A", admitted) // 10 is still in its handler
+	b.arrive(k[2], "A", admitted)
+	b.arrive(k[3], "A", admitted)
+	b.handOver(k[0], 11) // unacked: 11 starts all the same
+	b.handOver(k[1], 12)
+	b.handOver(k[2]) // the window (3) is full
+	b.ackMade(k[0], 10)
+	b.release(k[0], true, 13) // confirmed: room for 13
+	if got := seqs(b.g.keys["k"].out); !slices.Equal(got, []uint64{11, 12, 13}) {
+		t.Fatalf("out %v, want [11 12 13]", got)
+	}
+}
+
+func TestGatesPipelinedAcksGoInOrder(t *testing.T) {
+	b := pipelined(t, 10)
+	k10, k11, k12 := msg("k", 10, 2), msg("k", 11, 3), msg("k", 12, 4)
+	b.arrive(k10, "A", admitted, 10)
+	b.arrive(k11, "A", admitted)
+	b.arrive(k12, "A", admitted)
+	b.handOver(k10, 11)
+	b.handOver(k11, 12)
+	b.ackMade(k12)             // waits for 10 and 11
+	b.ackMade(k11)             // waits for 10
+	b.ackMade(k10, 10, 11, 12) // all three go, in order
+	if n := b.g.unacked(10, 0); n != 0 {
+		t.Fatalf("fence counts %d unacked after the acks went", n)
+	}
+}
+
+func TestGatesPipelinedNackBringsBackTheLaterOnes(t *testing.T) {
+	b := pipelined(t, 10)
+	k10, k11, k12, k13 := msg("k", 10, 2), msg("k", 11, 3), msg("k", 12, 4), msg("k", 13, 5)
+	for _, d := range []*delivery{k10, k11, k12, k13} {
+		b.g.arrive(d, "A")
+	}
+	b.handOver(k10, 11)
+	b.handOver(k11, 12) // 12 is in its handler; 13 waits
+	b.ackMade(k11)      // waits for 10
+
+	start, revoked := b.g.release(k10, false, t0) // 10 nacked
+	if len(start) != 0 || !slices.Equal(seqs(revoked), []uint64{11, 12}) {
+		t.Fatalf("nack of 10: start %v, revoked %v; want none, [11 12]", seqs(start), seqs(revoked))
+	}
+	if !k11.revoked || !k12.revoked {
+		t.Fatal("11 and 12 not marked revoked")
+	}
+	if send, rev := b.g.ackMade(k12); len(send) != 0 || !rev {
+		t.Fatalf("ack of revoked 12: sends %v, revoked %v", seqs(send), rev)
+	}
+	if got := b.g.keys["k"].awaiting; !slices.Equal(got, []uint64{10, 11, 12}) {
+		t.Fatalf("awaiting %v, want [10 11 12]", got)
+	}
+	// The redeliveries come back in any order; nothing starts until all
+	// are here and 12's old handler is done.
+	b.arrive(msg("k", 12, 6), "A", admitted)
+	b.arrive(msg("k", 10, 7), "A", admitted)
+	b.arrive(msg("k", 11, 8), "A", admitted)
+	b.handOver(k12, 10) // the old 12's handler returns: 10 starts again
+	if got := seqs(b.g.keys["k"].waiting); !slices.Equal(got, []uint64{11, 12, 13}) {
+		t.Fatalf("waiting %v, want [11 12 13]", got)
+	}
+}
+
+func TestGatesPipelinedNackOfTheLastRevokesNothing(t *testing.T) {
+	b := pipelined(t, 10)
+	k10, k11 := msg("k", 10, 2), msg("k", 11, 3)
+	b.arrive(k10, "A", admitted, 10)
+	b.arrive(k11, "A", admitted)
+	b.handOver(k10, 11)
+	b.release(k11, false) // 11 nacked; 10 stays out
+	b.ackMade(k10, 10)
+	b.release(k10, true)
+	b.arrive(msg("k", 11, 4), "A", admitted, 11)
 }

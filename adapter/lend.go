@@ -25,4 +25,18 @@ func init() {
 		}
 		return m.d.r.superseded
 	}
+	link.HandOver = func(m *Message) {
+		if m.d == nil {
+			return
+		}
+		if p, ok := m.d.home.(*partition); ok && p.g.window > 1 {
+			p.handOver(m.d)
+		}
+	}
+	link.Revoked = func(m *Message) <-chan struct{} {
+		if m.d == nil {
+			return nil
+		}
+		return m.d.revokedC
+	}
 }

@@ -123,7 +123,7 @@ func (m *partitionedMode) start(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("partition %d: %w", i, err)
 		}
-		p := &partition{m: m, r: r, index: i, limit: r.rec.PartitionBuffer, cons: cons, stream: stream, g: newGates()}
+		p := &partition{m: m, r: r, index: i, limit: r.rec.PartitionBuffer, cons: cons, stream: stream, g: newGates(r.keyWindow())}
 		m.parts = append(m.parts, p)
 		// A pull request must reach the server well within the pin's TTL,
 		// or an idle owner loses its partition.
@@ -526,9 +526,26 @@ func (p *partition) current(d *delivery) *delivery {
 
 func (p *partition) release(d *delivery, settled bool) {
 	p.mu.Lock()
-	start := p.g.release(d, settled, time.Now())
+	start, revoked := p.g.release(d, settled, time.Now())
 	p.reportLocked()
+	var undecided []*delivery
+	for _, e := range revoked {
+		if e.revokedC != nil {
+			close(e.revokedC)
+		}
+		if e.ackMade {
+			// Its ack waited for d's: it is not sent.
+			_ = p.r.c.nc.Publish(e.reply, handBackPayload)
+		} else {
+			undecided = append(undecided, e)
+		}
+	}
 	p.mu.Unlock()
+	for _, e := range undecided {
+		// Should its handler ack it meanwhile, confirmLater finds it
+		// revoked and nacks it instead: one way or the other, one nack.
+		e.finishWith(ackNak, handBackPayload)
+	}
 	p.r.launch(start)
 }
 
@@ -540,7 +557,56 @@ func (p *partition) ackSending(d *delivery) {
 	p.mu.Unlock()
 }
 
-func (p *partition) confirmLater(d *delivery) { p.m.confirmQueue(d) }
+func (p *partition) confirmLater(d *delivery) {
+	p.mu.Lock()
+	send, revoked := p.g.ackMade(d)
+	// Queued under the partition's lock: a key's acks reach confirmAcks in
+	// the order the gates let them go.
+	late := p.m.confirmQueueLocked(send)
+	p.mu.Unlock()
+	if revoked {
+		_ = p.r.c.nc.Publish(d.reply, handBackPayload)
+		return
+	}
+	if late {
+		// confirmAcks has ended (Receive is ending): sent and confirmed
+		// here, outside the lock, which releasing them takes.
+		p.m.sendAndConfirm(send)
+	}
+}
+
+func (p *partition) handOver(d *delivery) {
+	if p.g.window == 1 {
+		p.release(d, false) // strict: not acked by now, it comes back
+		return
+	}
+	p.mu.Lock()
+	start := p.g.handOver(d)
+	p.mu.Unlock()
+	p.r.launch(start)
+}
+
+// confirmQueueLocked has confirmAcks send ds' acks and release them once
+// confirmed, unless confirmAcks has ended: it then reports late, for the
+// caller to send and confirm them itself. It takes no partition lock.
+func (m *partitionedMode) confirmQueueLocked(ds []*delivery) (late bool) {
+	if len(ds) == 0 {
+		return false
+	}
+	select {
+	case <-m.stopped:
+		return true
+	default:
+	}
+	m.confirmMu.Lock()
+	m.confirmQ = append(m.confirmQ, ds...)
+	m.confirmMu.Unlock()
+	select {
+	case m.confirmWake <- struct{}{}:
+	default:
+	}
+	return false
+}
 
 // confirmQueue has confirmAcks send d's ack and release d once confirmed.
 func (m *partitionedMode) confirmQueue(d *delivery) {

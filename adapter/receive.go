@@ -29,12 +29,62 @@ type ReceiveSettings struct {
 	MaxExtension time.Duration
 	// Hooks, if set, hear what Receive does, for metrics and logs.
 	Hooks Hooks
+
+	// Ordering is when a key's next message may start on an ordered
+	// subscription: StrictOrdering (the default) or PipelinedOrdering.
+	Ordering Ordering
+	// KeyWindow bounds, with PipelinedOrdering, the messages of a key
+	// started and not yet acked. Default DefaultKeyWindow.
+	KeyWindow int
 }
+
+// Ordering is when a key's next message may start.
+type Ordering int
+
+const (
+	// StrictOrdering starts a key's next message once the server has the
+	// previous one's ack (the ordering specification's stop-and-wait).
+	StrictOrdering Ordering = iota
+	// PipelinedOrdering starts a key's next message as soon as the
+	// previous one's handler returns, acked or not, up to KeyWindow
+	// messages of the key not yet acked: Pub/Sub's semantics for clients
+	// that run a key's handlers one at a time. A handler may return before
+	// it acks or nacks; its message stays held (its deadline extended, up
+	// to MaxExtension) until it does, and the key's later acks wait for
+	// it: every message must be acked or nacked. A key's acks reach the
+	// server in order. A nack brings back that message and every later
+	// message of its key started since, acked or not, in order after it.
+	// AckWithResult acks as Ack does and does not wait for the server's
+	// confirmation (the ack may wait for the key's earlier ones).
+	//
+	// It applies to partitioned delivery. Per-key delivery (a consumer per
+	// key with MaxAckPending 1), and subscriptions with exactly-once
+	// delivery (whose acks are confirmed one by one), deliver with
+	// StrictOrdering.
+	PipelinedOrdering
+)
+
+// DefaultKeyWindow is KeyWindow's default: as many as the default
+// MaxOutstandingMessages, so that flow control, not the window, is what
+// bounds a hot key.
+const DefaultKeyWindow = 1000
 
 // DefaultReceiveSettings are the settings a new Subscription handle has.
 var DefaultReceiveSettings = ReceiveSettings{
 	MaxOutstandingMessages: 1000,
 	MaxExtension:           60 * time.Minute,
+}
+
+// keyWindow is how many messages of a key this receiver lets be started
+// and unsettled at once: 1 unless it pipelines.
+func (r *receiver) keyWindow() int {
+	if r.settings.Ordering != PipelinedOrdering || !r.rec.partitioned() || r.rec.ExactlyOnce {
+		return 1
+	}
+	if r.settings.KeyWindow <= 0 {
+		return DefaultKeyWindow
+	}
+	return r.settings.KeyWindow
 }
 
 // nakPayload is a nack of a message after attempt deliveries: with the
@@ -58,6 +108,9 @@ type receiver struct {
 	rec      *subRecord
 	handler  func(context.Context, *Message)
 	settings ReceiveSettings
+	// pipelined: a key's next message starts once the previous one is
+	// handed over (keyWindow > 1).
+	pipelined bool
 
 	// deadLetter is the subscription's current policy (nil for none);
 	// supervise refreshes it, so an Update reaches a running Receive.
@@ -152,6 +205,7 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 			fatalSet:   make(chan struct{}),
 			superseded: make(chan struct{}),
 		}
+		r.pipelined = r.keyWindow() > 1
 		r.mode = newMode(r)
 		r.deadLetter.Store(rec.DeadLetter)
 		r.retry.Store(rec.Retry)
@@ -453,6 +507,9 @@ func (r *receiver) newDelivery(home holder, a arrival) *delivery {
 	}
 	readHeaders(a.header, msg)
 	d := &delivery{r: r, home: home, key: heldKey{consumer: a.consumer, seq: a.seq}, subject: a.subject, reply: a.reply, msg: msg, arrived: now}
+	if r.pipelined {
+		d.revokedC = make(chan struct{})
+	}
 	d.lastExtend.Store(now.UnixNano())
 	msg.d = d
 	return d
@@ -559,6 +616,11 @@ func (r *receiver) confirmsAcks() bool       { return false }
 func (r *receiver) ackSending(*delivery)     {}
 func (r *receiver) confirmLater(d *delivery) { r.release(d, true) }
 
+// handOver: JetStream's per-key consumers (MaxAckPending 1) deliver a
+// key's next message only once this one is acked, so a message not acked
+// by now comes back after its deadline (strict ordering only).
+func (r *receiver) handOver(d *delivery) { r.release(d, false) }
+
 // dispatch hands queued messages to handlers, at most
 // MaxOutstandingMessages at a time.
 func (r *receiver) dispatch() {
@@ -594,12 +656,23 @@ func (r *receiver) dispatch() {
 func (r *receiver) handle(d *delivery) {
 	defer r.workers.Done()
 	defer func() { <-r.slots }()
+	if r.pipelined {
+		// However the handler ends, its key learns it is done with d: a
+		// key whose message was revoked before or while it ran waits for
+		// that. (Deferred first, so it runs after a panic's nack.)
+		defer d.home.handOver(d)
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			d.finish(ackNak)
 			r.fail(fmt.Errorf("%w: %v (message %s, ordering key %q)", ErrHandlerPanic, p, d.msg.ID, d.msg.OrderingKey))
 		}
 	}()
+	select {
+	case <-d.revokedC: // nil without pipelining
+		return // handed back with an earlier message of its key before it started: it comes again after it
+	default:
+	}
 	if r.isSuperseded() {
 		d.finish(ackAck) // the old epoch's: the seek decides its fate
 		return
@@ -614,7 +687,9 @@ func (r *receiver) handle(d *delivery) {
 	}
 	d.msg.DeliverTime = time.Now().UTC()
 	r.handler(r.hctx, d.msg)
-	d.abandon()
+	if !r.pipelined {
+		d.home.handOver(d)
+	}
 }
 
 // moveToDeadLetter publishes a message delivered too often to the

@@ -61,7 +61,7 @@ var (
 	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
 	rounds      = flag.Int("rounds", 3, "rounds of baselines and adapter runs (key counts over 256 run once, in an extra last round)")
 	burstKeys   = flag.Int("burst", 10_000, "keys in the new-key burst run (0 skips it)")
-	runs        = flag.String("runs", "ordered,publish,burst,latency,didcomm,sidecar,modes,status", "which runs to do, comma-separated")
+	runs        = flag.String("runs", "ordered,publish,burst,latency,didcomm,sidecar,pipelined,modes,status", "which runs to do, comma-separated")
 )
 
 const project = "bench"
@@ -211,6 +211,9 @@ func main() {
 			rateBar("didcomm.Receive, state in KV", median(trackeds), vs(median(trackedVsRaw), "raw"), vs(median(trackedVsPlain), "adapter")),
 		}})
 		charts = append(charts, c)
+	}
+	if selected("pipelined") {
+		charts = append(charts, b.pipelinedRuns())
 	}
 	if selected("sidecar") {
 		var sc sidecarFigures
@@ -536,13 +539,18 @@ func adapterPublish(topic *adapter.Topic, keys []string, msgs int, payload []byt
 // orderedTopic creates a topic and an ordered subscription to it; cleanup
 // deletes both.
 func (b *bench) orderedTopic(prefix string) (string, *adapter.Topic, *adapter.Subscription, func()) {
+	// Per key: these runs measure per-key consumers (the modes run compares
+	// both modes).
+	return b.orderedTopicIn(prefix, adapter.DeliveryPerKey)
+}
+
+// orderedTopicIn is orderedTopic with the given delivery mode.
+func (b *bench) orderedTopicIn(prefix string, delivery adapter.DeliveryMode) (string, *adapter.Topic, *adapter.Subscription, func()) {
 	ctx := context.Background()
 	topicID := b.name(prefix)
 	topic, err := b.client.CreateTopic(ctx, topicID)
 	check(err)
-	// Per key: these runs measure per-key consumers (the modes run compares
-	// both modes).
-	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPerKey})
+	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: delivery})
 	check(err)
 	return topicID, topic, sub, func() {
 		_ = sub.Delete(ctx)

@@ -29,13 +29,17 @@ type sidecarBench struct {
 	stop   func()
 }
 
-func (b *bench) startSidecar() *sidecarBench {
+func (b *bench) startSidecar() *sidecarBench { return b.startSidecarWith(pubsubapi.Config{}) }
+
+// startSidecarWith is startSidecar with cfg (its PushAllow aside).
+func (b *bench) startSidecarWith(cfg pubsubapi.Config) *sidecarBench {
 	br := broker.New(b.nc, nil, nil, adapter.WithKeyConsumerIdleTimeout(*idleTimeout))
 	// Push to loopback only, the sidecar's default: the endpoint is in
 	// this process.
 	allow, err := push.ParseAllowList(push.DefaultAllow)
 	check(err)
-	api := pubsubapi.New(br, pubsubapi.Config{PushAllow: allow})
+	cfg.PushAllow = allow
+	api := pubsubapi.New(br, cfg)
 	gs := grpc.NewServer(grpc.MaxRecvMsgSize(12 << 20))
 	api.Register(gs)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -143,7 +147,12 @@ func (f sidecarFigures) chart(keys, msgs int) chart {
 // deliver fills an ordered topic and times receive until every message is
 // acked, from the first delivery.
 func (b *bench) deliver(keys, msgs int, recv func(sub *adapter.Subscription, done func()) func(context.Context) error) float64 {
-	topicID, _, sub, cleanup := b.orderedTopic("deliver")
+	return b.deliverIn(adapter.DeliveryPerKey, keys, msgs, recv)
+}
+
+// deliverIn is deliver with the given delivery mode.
+func (b *bench) deliverIn(delivery adapter.DeliveryMode, keys, msgs int, recv func(sub *adapter.Subscription, done func()) func(context.Context) error) float64 {
+	topicID, _, sub, cleanup := b.orderedTopicIn("deliver", delivery)
 	defer cleanup()
 	subject, hdr := keyed(topicID, "key", keys)
 	b.fill(subject, hdr, msgs)

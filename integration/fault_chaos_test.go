@@ -43,8 +43,20 @@ import (
 // and JETORDER_CHAOS_KILLS (10). With JETORDER_CHAOS_LOGDIR=DIR it writes
 // what a failure needs to be understood into DIR (chaosDiag).
 // docs/RELIABILITY.md has the figures.
-func TestFaultChaosKills(t *testing.T) {
-	keys, perKey, kills := chaosEnv("KEYS", 100), chaosEnv("PER_KEY", 30), chaosEnv("KILLS", 10)
+func TestFaultChaosKills(t *testing.T) { chaosKills(t, false) }
+
+// TestFaultChaosKillsPipelined is TestFaultChaosKills with pipelined
+// ordering (partitioned delivery in either suite run): the kills come
+// while each key has a window of messages with the client, and every
+// delivery is checked against pipelined ordering. Six kills by default.
+func TestFaultChaosKillsPipelined(t *testing.T) { chaosKills(t, true) }
+
+func chaosKills(t *testing.T, pipelined bool) {
+	keys, perKey := chaosEnv("KEYS", 100), chaosEnv("PER_KEY", 30)
+	kills, labels, chk, ordering := chaosEnv("KILLS", 10), map[string]string(nil), ordercheck.New(), "strict"
+	if pipelined {
+		kills, labels, chk, ordering = chaosEnv("KILLS", 6), pipelinedLabels, ordercheck.NewPipelined(), "pipelined"
+	}
 	killNATS := os.Getenv("JETORDER_CHAOS_NATS") != "0"
 	bin := killBuildSidecar(t)
 	natsAddr := freeAddr(t)
@@ -64,10 +76,9 @@ func TestFaultChaosKills(t *testing.T) {
 	subs := []string{"chaos-a", "chaos-b"}
 	mustCreateTopic(t, c, "chaos")
 	for _, s := range subs {
-		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("chaos"), EnableMessageOrdering: true, AckDeadlineSeconds: 10})
+		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("chaos"), EnableMessageOrdering: true, AckDeadlineSeconds: 10, Labels: labels})
 	}
 
-	chk := ordercheck.New()
 	pub := c.Publisher("chaos")
 	pub.EnableMessageOrdering = true
 	var results []*pubsub.PublishResult
@@ -237,7 +248,11 @@ func TestFaultChaosKills(t *testing.T) {
 			s, keys*perKey, st.Deliveries, st.Redeliveries, w.ackedAgain, st.Rewinds))
 		w.mu.Unlock()
 	}
-	t.Logf("delivery %s, %d keys x %d messages:\n%s", deliveryName(), keys, perKey, strings.Join(lines, "\n"))
+	delivery := deliveryName()
+	if pipelined {
+		delivery = "partitioned (label)"
+	}
+	t.Logf("delivery %s, %s ordering, %d keys x %d messages:\n%s", delivery, ordering, keys, perKey, strings.Join(lines, "\n"))
 	// In partitioned delivery a crash costs a restart, the client's
 	// reconnect (its backoff grows while the sidecar is down) and a
 	// take-over, never an ack deadline (10 s). Per-key delivery's take-over
@@ -245,7 +260,7 @@ func TestFaultChaosKills(t *testing.T) {
 	// once, so it is only reported. (The figures, not this bound, are
 	// what docs/RELIABILITY.md reports.)
 	for i, r := range out {
-		if testDelivery != adapter.DeliveryPerKey && r.stall > 8*time.Second {
+		if (testDelivery != adapter.DeliveryPerKey || pipelined) && r.stall > 8*time.Second {
 			t.Errorf("kill %d (%s): delivery stalled %v", i+1, r.what, r.stall)
 		}
 	}

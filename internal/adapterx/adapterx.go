@@ -43,3 +43,19 @@ func State(ctx context.Context, s *adapter.Subscription) (kv jetstream.KeyValue,
 func Superseded(m *adapter.Message) <-chan struct{} {
 	return link.Superseded.(func(*adapter.Message) <-chan struct{})(m)
 }
+
+// HandOver tells Receive that the layer above is done with m as a handler
+// would be by returning, though its handler still waits for m's outcome:
+// with pipelined ordering the next message of m's key may start. (The
+// sidecar hands a message over once a client stream has it.) Without
+// pipelining (or for a message without ordering key) it does nothing.
+func HandOver(m *adapter.Message) { link.HandOver.(func(*adapter.Message))(m) }
+
+// Revoked is closed when a pipelined key hands m back on its own (an
+// earlier message of the key was nacked, and m comes again after it): a
+// layer above should not pass m on, and its handler may return. Nil
+// (never closed) without pipelining, or for a message Receive did not
+// deliver.
+func Revoked(m *adapter.Message) <-chan struct{} {
+	return link.Revoked.(func(*adapter.Message) <-chan struct{})(m)
+}

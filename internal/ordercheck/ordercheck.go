@@ -10,6 +10,19 @@
 //   - nothing lost: every published message is eventually acked on every
 //     subscription.
 //
+// NewPipelined checks pipelined ordering instead (the sidecar's and the
+// library's PipelinedOrdering, Pub/Sub's own): a key's next message may be
+// delivered before the previous one is acked, and a nacked or expired
+// message comes again with every later one of its key, acked or not, in
+// order after it:
+//
+//   - per (subscription, key), every delivery is of the message after the
+//     key's previous delivery, or goes back to one not yet acked (the first
+//     unacked, or a later one) and goes on in order from there;
+//   - one handler of a key at a time, and nothing lost, as above. A
+//     message may be acked after its handler returned (Released), while it
+//     is out.
+//
 // After a process was killed (AcksMayBeLost), acks it had not yet passed
 // on or stored are lost, so a key may go back to a message acked before;
 // from there it must go on in order again. Such restarts are counted.
@@ -39,6 +52,7 @@ type Checker struct {
 	violations []string
 	maxViol    int
 	lostAcks   bool
+	pipelined  bool
 }
 
 type subState struct {
@@ -52,6 +66,10 @@ type keyState struct {
 	firstUnacked  int
 	lastDelivered int // the highest index delivered so far, -1 if none
 	inFlight      int // index in a handler, -1 if none
+	// Pipelined only: the key's latest delivery, and the acks after
+	// firstUnacked.
+	last  int
+	acked map[int]bool
 }
 
 // Stats counts what a subscription saw.
@@ -62,9 +80,16 @@ type Stats struct {
 	Rewinds      int // keys gone back to a message acked before (AcksMayBeLost)
 }
 
-// New returns an empty checker.
+// New returns an empty checker of strict ordering.
 func New() *Checker {
 	return &Checker{expected: map[string]int{}, subs: map[string]*subState{}, maxViol: 50}
+}
+
+// NewPipelined returns an empty checker of pipelined ordering.
+func NewPipelined() *Checker {
+	c := New()
+	c.pipelined = true
+	return c
 }
 
 // Encode is the payload format the checker reads back: "<key>|<index>".
@@ -135,11 +160,15 @@ func (c *Checker) Delivered(sub, key string, index int) {
 	}
 	k := s.keys[key]
 	if k == nil {
-		k = &keyState{lastDelivered: -1, inFlight: -1}
+		k = &keyState{lastDelivered: -1, inFlight: -1, last: -1, acked: map[int]bool{}}
 		s.keys[key] = k
 	}
 	if k.inFlight >= 0 {
 		c.violate("%s: key %q message %d delivered while message %d is unacked in a handler", sub, key, index, k.inFlight)
+	}
+	if c.pipelined {
+		c.deliveredPipelined(s, sub, key, k, index)
+		return
 	}
 	switch {
 	case index < k.firstUnacked && c.lostAcks:
@@ -157,6 +186,36 @@ func (c *Checker) Delivered(sub, key string, index int) {
 	k.inFlight = index
 }
 
+// deliveredPipelined checks a delivery of key's message index with
+// pipelined ordering.
+func (c *Checker) deliveredPipelined(s *subState, sub, key string, k *keyState, index int) {
+	switch {
+	case index == k.last+1 && index >= k.firstUnacked:
+	case index < k.firstUnacked && c.lostAcks:
+		s.stats.Rewinds++
+		k.firstUnacked = index
+	case index < k.firstUnacked:
+		c.violate("%s: key %q message %d delivered again after it was acked (first unacked is %d)", sub, key, index, k.firstUnacked)
+	case index > k.last+1:
+		c.violate("%s: key %q message %d delivered after message %d: message %d skipped", sub, key, index, k.last, k.last+1)
+	}
+	if index <= k.last {
+		// Gone back: this one and every later one come again, acked or
+		// not; their acks were not kept.
+		for i := range k.acked {
+			if i >= index {
+				delete(k.acked, i)
+			}
+		}
+	}
+	if index <= k.lastDelivered {
+		s.stats.Redeliveries++
+	}
+	k.lastDelivered = max(k.lastDelivered, index)
+	k.last = index
+	k.inFlight = index
+}
+
 // Acked records that sub's handler acked key's message index.
 func (c *Checker) Acked(sub, key string, index int) {
 	c.mu.Lock()
@@ -169,7 +228,28 @@ func (c *Checker) Acked(sub, key string, index int) {
 		return
 	}
 	k := s.keys[key]
-	if k == nil || k.inFlight != index {
+	if k == nil {
+		c.violate("%s: key %q message %d acked but never delivered", sub, key, index)
+		return
+	}
+	if c.pipelined {
+		switch {
+		case k.inFlight == index:
+			k.inFlight = -1
+		case index < k.firstUnacked || index > k.last:
+			// Acked after its handler returned (Released) is fine, but only
+			// for a message out: delivered, not acked, not gone back past.
+			c.violate("%s: key %q message %d acked but not out (first unacked %d, last delivered %d)", sub, key, index, k.firstUnacked, k.last)
+			return
+		}
+		k.acked[index] = true
+		for k.acked[k.firstUnacked] {
+			delete(k.acked, k.firstUnacked)
+			k.firstUnacked++
+		}
+		return
+	}
+	if k.inFlight != index {
 		c.violate("%s: key %q message %d acked but not in a handler", sub, key, index)
 		return
 	}

@@ -148,3 +148,114 @@ func TestEncodeDecode(t *testing.T) {
 		t.Fatal("Decode accepted a payload without index")
 	}
 }
+
+// The pipelined checker must catch what pipelined ordering forbids, and
+// pass what it allows.
+func TestPipelinedCheckerCatchesViolations(t *testing.T) {
+	tests := []struct {
+		name string
+		run  func(c *Checker)
+		want string // substring of the first violation; "" = none
+	}{
+		{"next before ack", func(c *Checker) {
+			c.Delivered("s", "k", 0)
+			c.Released("s", "k", 0) // handler returned, ack to come
+			c.Delivered("s", "k", 1)
+			c.Acked("s", "k", 1)
+		}, ""},
+		{"nack brings back it and the later ones", func(c *Checker) {
+			for i := range 3 {
+				c.Delivered("s", "k", i)
+				c.Acked("s", "k", i)
+			}
+			c.Delivered("s", "k", 3)
+			c.Released("s", "k", 3) // nacked
+			c.Delivered("s", "k", 4)
+			c.Acked("s", "k", 4) // still in flight: its ack is dropped
+			c.Delivered("s", "k", 3)
+			c.Acked("s", "k", 3)
+			c.Delivered("s", "k", 4)
+			c.Acked("s", "k", 4)
+		}, ""},
+		{"skips ahead", func(c *Checker) {
+			c.Delivered("s", "k", 0)
+			c.Acked("s", "k", 0)
+			c.Delivered("s", "k", 2)
+		}, "message 1 skipped"},
+		{"goes back without the later ones", func(c *Checker) {
+			for i := range 3 {
+				c.Delivered("s", "k", i)
+				c.Released("s", "k", i)
+			}
+			c.Delivered("s", "k", 1) // back to 1: 2 must follow, not 3
+			c.Released("s", "k", 1)
+			c.Delivered("s", "k", 3)
+		}, "message 2 skipped"},
+		{"acked message comes back", func(c *Checker) {
+			c.Delivered("s", "k", 0)
+			c.Acked("s", "k", 0)
+			c.Delivered("s", "k", 1)
+			c.Acked("s", "k", 1)
+			c.Delivered("s", "k", 0)
+		}, "again after it was acked"},
+		{"two of a key in handlers", func(c *Checker) {
+			c.Delivered("s", "k", 0)
+			c.Delivered("s", "k", 1)
+		}, "while message 0 is unacked"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := NewPipelined()
+			tt.run(c)
+			v := c.Violations()
+			switch {
+			case tt.want == "" && len(v) > 0:
+				t.Fatalf("unexpected violations: %v", v)
+			case tt.want != "" && (len(v) == 0 || !strings.Contains(v[0], tt.want)):
+				t.Fatalf("violations %v, want one containing %q", v, tt.want)
+			}
+		})
+	}
+}
+
+func TestPipelinedCheckerCompleteOnlyWhenThePrefixIsAcked(t *testing.T) {
+	c := NewPipelined()
+	for i := range 3 {
+		c.Published("k", i)
+	}
+	c.Delivered("s", "k", 0)
+	c.Acked("s", "k", 0)
+	c.Delivered("s", "k", 1)
+	c.Released("s", "k", 1) // nacked
+	c.Delivered("s", "k", 2)
+	c.Acked("s", "k", 2) // in flight when 1 was nacked: comes again
+	if c.Complete("s") {
+		t.Fatal("complete while message 1 is unacked")
+	}
+	c.Delivered("s", "k", 1)
+	c.Acked("s", "k", 1)
+	c.Delivered("s", "k", 2)
+	c.Acked("s", "k", 2)
+	if !c.Complete("s") {
+		t.Fatalf("not complete: %s", c.Missing("s"))
+	}
+	if v := c.Violations(); len(v) > 0 {
+		t.Fatalf("violations: %v", v)
+	}
+}
+
+func TestPipelinedCheckerAckAfterHandlerReturned(t *testing.T) {
+	c := NewPipelined()
+	c.Delivered("s", "k", 0)
+	c.Released("s", "k", 0) // handler returned; acked later
+	c.Delivered("s", "k", 1)
+	c.Acked("s", "k", 0) // while 1 runs
+	c.Acked("s", "k", 1)
+	if v := c.Violations(); len(v) > 0 {
+		t.Fatalf("violations: %v", v)
+	}
+	c.Acked("s", "k", 5)
+	if v := c.Violations(); len(v) != 1 || !strings.Contains(v[0], "not out") {
+		t.Fatalf("ack of a message never delivered: violations %v", v)
+	}
+}

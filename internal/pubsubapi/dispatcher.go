@@ -41,6 +41,9 @@ type dispatcher struct {
 	s        *Server
 	name     string // projects/P/subscriptions/S
 	ordering bool
+	// pipelined: a key's next message goes to a client before the
+	// previous one is acked (pipelinedOrdering); fixed when Receive starts.
+	pipelined bool
 	// cfg is the subscription's configuration, refreshed every second
 	// (refresh) so updates made through any sidecar reach this one.
 	cfg atomic.Pointer[adapter.SubscriptionConfig]
@@ -80,6 +83,7 @@ type dispatcher struct {
 	byAttempt  [jstatus.PausedAttempt]int
 	paused     map[*lease]struct{}
 	pausedKeys map[string]int // the keys of paused, and how many each
+	pipes      map[string]*keyPipe
 	idle       *time.Timer
 	stopped    bool
 	drainSet   bool
@@ -97,6 +101,7 @@ type lease struct {
 	expireBy time.Time   // extensions stop here: the adapter's extension ends soon after
 	id       uint64      // 0 until handed to a client
 	flow     *flow       // the stream's flow control; nil for Pull
+	piped    bool        // guarded by d.mu: counted in its key's keyPipe
 	didcomm  *tracked    // what DIDComm tracking made of it; nil when untracked
 	timer    *time.Timer // guarded by d.mu
 	gone     bool        // guarded by d.mu: the handler has handed the message back
@@ -107,6 +112,16 @@ type lease struct {
 	acking  int
 	expired bool
 	result  chan outcome
+}
+
+// keyPipe is where the messages of a pipelined key go while some of them
+// are leased on a stream: to that stream, as the service sends a key's
+// messages to one stream. A client runs a key's handlers one at a time,
+// in order, only for the messages it gets on one stream.
+type keyPipe struct {
+	st   *pullStream
+	out  int           // the key's leases out on st
+	idle chan struct{} // closed when out drops to 0 and the pipe is gone
 }
 
 // ackResult is what became of one ack id of an ack or a deadline change;
@@ -171,7 +186,7 @@ func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, e
 	}
 	rctx, cancel := context.WithCancel(context.Background())
 	d := &dispatcher{
-		s: s, name: name, ordering: cfg.EnableMessageOrdering,
+		s: s, name: name, ordering: cfg.EnableMessageOrdering, pipelined: s.pipelinedOrdering(&cfg), pipes: make(map[string]*keyPipe),
 		ready: make(chan *lease), cancel: cancel,
 		draining: make(chan struct{}), drained: make(chan struct{}), done: make(chan struct{}),
 		leases: make(map[uint64]*lease), keys: make(map[string]int), attached: 1,
@@ -184,6 +199,10 @@ func (s *Server) attach(ctx context.Context, project, id string) (*dispatcher, e
 	sub.ReceiveSettings.MaxOutstandingMessages = s.cfg.MaxOutstandingMessages
 	sub.ReceiveSettings.MaxExtension = maxHeldExtension
 	sub.ReceiveSettings.Hooks = &s.partitions
+	if d.pipelined {
+		sub.ReceiveSettings.Ordering = adapter.PipelinedOrdering
+		sub.ReceiveSettings.KeyWindow = s.cfg.MaxOutstandingMessages
+	}
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
@@ -316,6 +335,10 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 	}
 	d.hold(l)
 	defer d.unhold(l)
+	// Closed when the adapter hands the message back on its own: an
+	// earlier message of its key was nacked (pipelined ordering), and it
+	// comes again after that one.
+	revoked := adapterx.Revoked(m)
 	for offered := false; !offered; {
 		// DIDComm tracking observes the message before a client gets it,
 		// also when it is switched on while the message waits here.
@@ -328,9 +351,12 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 			l.didcomm = tr
 		}
 		l.size = messageSize(m, l.didcomm)
+		ready, moved, stopped := d.readyFor(l)
 		select {
-		case d.ready <- l:
+		case ready <- l:
 			offered = true
+		case <-moved:
+		case <-stopped:
 		case <-switched:
 		case <-ctx.Done():
 			m.Release()
@@ -340,10 +366,15 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 			// new epoch delivers it again if the seek says so.
 			m.Release()
 			return
+		case <-revoked:
+			return
 		}
 	}
 	tr := l.didcomm
 	select {
+	case <-revoked:
+		// Handed back by the adapter with an earlier message of its key
+		// (pipelined ordering); the client's outcome no longer counts.
 	case o := <-l.result:
 		switch o {
 		case outAck:
@@ -432,6 +463,64 @@ func (s *Server) dispatcherOf(name string) *dispatcher {
 // of a stream that sets none.
 func (d *dispatcher) ackDeadline() time.Duration { return d.cfg.Load().AckDeadline }
 
+// readyFor is where l waits for a taker: d.ready, or, for a pipelined key
+// with leases out on a stream, that stream's own channel. The choice may
+// change when moved or stopped closes (the key's last lease ended, or the
+// stream stopped taking).
+func (d *dispatcher) readyFor(l *lease) (ready chan<- *lease, moved, stopped <-chan struct{}) {
+	if !d.pipelined || l.msg.OrderingKey == "" {
+		return d.ready, nil, nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.pipes[l.msg.OrderingKey]
+	switch {
+	case p == nil:
+		return d.ready, nil, nil
+	case closed(p.st.stopped):
+		// Its stream is gone with leases out: the key's next message waits
+		// until the client settles them (Acknowledge) or they expire.
+		return nil, p.idle, nil
+	}
+	return p.st.own, p.idle, p.st.stopped
+}
+
+// pipeLocked counts l, leased on the stream st, in its key's pipe when its
+// key is pipelined, and reports whether it was: the adapter may then start
+// the key's next message. Messages leased through Pull are not pipelined
+// (their key's next message waits for their ack). d.mu is held.
+func (d *dispatcher) pipeLocked(l *lease, st *pullStream) bool {
+	key := l.msg.OrderingKey
+	if !d.pipelined || key == "" || st == nil {
+		return false
+	}
+	p := d.pipes[key]
+	if p == nil {
+		p = &keyPipe{st: st, idle: make(chan struct{})}
+		d.pipes[key] = p
+	}
+	p.st = st
+	p.out++
+	l.piped = true
+	return true
+}
+
+// unpipeLocked uncounts the ended lease l from its key's pipe. d.mu is
+// held.
+func (d *dispatcher) unpipeLocked(l *lease) {
+	if !l.piped {
+		return
+	}
+	l.piped = false
+	key := l.msg.OrderingKey
+	if p := d.pipes[key]; p != nil {
+		if p.out--; p.out <= 0 {
+			delete(d.pipes, key)
+			close(p.idle)
+		}
+	}
+}
+
 // refuse hands back a message taken from ready that will not be leased
 // (the taker is ending, or handing out has stopped): its handler hands it
 // back for redelivery at once.
@@ -479,10 +568,10 @@ func (d *dispatcher) unhold(l *lease) {
 // It returns nil, and the message goes back, when handing out has stopped
 // (Drain) or the handler has given the message up (Receive ending): a
 // client must never hold a message its handler no longer waits for.
-func (d *dispatcher) lease(l *lease, f *flow, deadline time.Duration) *pb.ReceivedMessage {
+func (d *dispatcher) lease(l *lease, st *pullStream, f *flow, deadline time.Duration) *pb.ReceivedMessage {
 	id := leaseIDs.Add(1)
 	d.mu.Lock()
-	if l.gone || d.drainSet {
+	if l.gone || d.drainSet || closed(adapterx.Revoked(l.msg)) {
 		gone := l.gone
 		d.mu.Unlock()
 		if !gone {
@@ -496,7 +585,12 @@ func (d *dispatcher) lease(l *lease, f *flow, deadline time.Duration) *pb.Receiv
 	l.id, l.flow, l.leasedAt = id, f, time.Now()
 	d.leases[id] = l
 	l.timer = time.AfterFunc(deadline, func() { d.expire(id) })
+	handOver := d.pipeLocked(l, st)
 	d.mu.Unlock()
+	if handOver {
+		// On the stream: the key's next message may follow it there.
+		adapterx.HandOver(l.msg)
+	}
 
 	d.m.Delivered.Inc()
 	if l.msg.DeliveryAttempt > 1 {
@@ -619,6 +713,7 @@ func (d *dispatcher) takeLocked(id uint64) *lease {
 	}
 	delete(d.leases, id)
 	l.timer.Stop()
+	d.unpipeLocked(l)
 	d.checkIdle()
 	return l
 }
@@ -671,6 +766,7 @@ func (d *dispatcher) drop(l *lease) bool {
 	}
 	delete(d.leases, l.id)
 	l.timer.Stop()
+	d.unpipeLocked(l)
 	d.checkIdle()
 	d.mu.Unlock()
 	if l.flow != nil {

@@ -66,10 +66,12 @@ func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 	}
 
 	st := &pullStream{s: s, d: d, stream: stream, flow: newFlow(first.GetMaxOutstandingMessages(), first.GetMaxOutstandingBytes()),
+		own: make(chan *lease), stopped: make(chan struct{}),
 		since: time.Now(), peer: peerAddr(ctx), userAgent: userAgent(ctx)}
 	st.deadline.Store(int64(deadline))
 	d.addStream(st)
 	defer d.removeStream(st)
+	defer close(st.stopped)
 	confirm, err := st.apply(first)
 	if err != nil {
 		return err
@@ -115,6 +117,11 @@ type pullStream struct {
 	deadline atomic.Int64 // stream ack deadline, ns; 0: the subscription's
 	sendMu   sync.Mutex   // gRPC allows one sender at a time
 	ended    bool         // guarded by sendMu: StreamingPull has returned
+	// own takes the messages of pipelined keys that have leases out on
+	// this stream (keyPipe); stopped is closed when the stream takes no
+	// more.
+	own     chan *lease
+	stopped chan struct{}
 
 	// For the status page: who, and since when.
 	since           time.Time
@@ -158,6 +165,7 @@ func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
 		var l *lease
 		select {
 		case l = <-d.ready:
+		case l = <-st.own:
 		case <-stop:
 		case <-d.done:
 		case <-d.draining:
@@ -177,7 +185,7 @@ func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
 		if deadline == 0 {
 			deadline = d.ackDeadline()
 		}
-		batch, leased := d.leaseBatch(l, st.flow, deadline, maxBatchMessages)
+		batch, leased := d.leaseBatch(l, st, deadline, maxBatchMessages)
 		if len(batch) == 0 {
 			continue // draining: the next select ends on stop or done
 		}
@@ -465,14 +473,20 @@ func (s *Server) Pull(ctx context.Context, req *pb.PullRequest) (*pb.PullRespons
 }
 
 // leaseBatch leases l and whatever else is ready at once, up to max
-// messages, maxBatchBytes and the flow's room, and returns them with their
-// lease ids. Messages lease refuses (handing out has stopped) are left out.
-func (d *dispatcher) leaseBatch(l *lease, f *flow, deadline time.Duration, max int) ([]*pb.ReceivedMessage, []uint64) {
+// messages, maxBatchBytes and the stream's flow control, and returns them
+// with their lease ids, for the stream st (nil for a Pull call). Messages
+// lease refuses (handing out has stopped) are left out.
+func (d *dispatcher) leaseBatch(l *lease, st *pullStream, deadline time.Duration, max int) ([]*pb.ReceivedMessage, []uint64) {
 	var batch []*pb.ReceivedMessage
 	var ids []uint64
+	var f *flow
+	var own chan *lease // nil for a Pull call: never ready
+	if st != nil {
+		f, own = st.flow, st.own
+	}
 	bytes := 0
 	for l != nil {
-		if rm := d.lease(l, f, deadline); rm != nil {
+		if rm := d.lease(l, st, f, deadline); rm != nil {
 			batch, ids = append(batch, rm), append(ids, l.id)
 			bytes += l.size
 		}
@@ -480,6 +494,7 @@ func (d *dispatcher) leaseBatch(l *lease, f *flow, deadline time.Duration, max i
 		if len(batch) < max && bytes < maxBatchBytes && (f == nil || f.room()) {
 			select {
 			case l = <-d.ready:
+			case l = <-own:
 			default:
 			}
 		}

@@ -536,7 +536,7 @@ func (w *pushWatcher) deliver(d *dispatcher, l *lease, budget pushBudget) {
 
 	cfg := d.cfg.Load()
 	deadline := cfg.AckDeadline
-	rm := d.lease(l, nil, deadline+pushLeaseSlack)
+	rm := d.lease(l, nil, nil, deadline+pushLeaseSlack)
 	if rm == nil {
 		return // handing out has stopped
 	}

@@ -54,6 +54,10 @@ type Config struct {
 	// Delivery is the delivery mode of ordered subscriptions created
 	// without a jetorder-delivery label. Default adapter.DefaultDelivery.
 	Delivery adapter.DeliveryMode
+	// Ordering is when a key's next message goes to a client on ordered
+	// subscriptions without a jetorder-ordering label. Default
+	// OrderingStrict.
+	Ordering Ordering
 	Logger   *slog.Logger
 	// Replicas of the buckets the server creates (JO_SNAPSHOTS). Default 1.
 	Replicas int

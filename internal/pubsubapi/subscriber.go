@@ -342,10 +342,44 @@ func checkSubscriptionLabels(labels map[string]string) error {
 	if v, ok := labels[broker.LabelDIDComm]; ok && v != broker.DIDCommTrack {
 		return invalid("label %s %q: the only value is %q (remove the label to stop tracking)", broker.LabelDIDComm, v, broker.DIDCommTrack)
 	}
+	if v, ok := labels[labelOrdering]; ok && v != string(OrderingStrict) && v != string(OrderingPipelined) {
+		return invalid("label %s %q: want %q or %q", labelOrdering, v, OrderingStrict, OrderingPipelined)
+	}
 	if v, ok := labels[push.FormatLabel]; ok && v != push.FormatLabelCloudEvents {
 		return invalid("label %s %q: the only value is %q", push.FormatLabel, v, push.FormatLabelCloudEvents)
 	}
 	return nil
+}
+
+// labelOrdering chooses when a key's next message goes to a client:
+// OrderingStrict or OrderingPipelined (Config.Ordering when absent).
+const labelOrdering = "jetorder-ordering"
+
+// Ordering is the value of labelOrdering and of Config.Ordering.
+type Ordering string
+
+const (
+	// OrderingStrict sends a key's next message once the previous one is
+	// acked (and JetStream has the ack).
+	OrderingStrict Ordering = "strict"
+	// OrderingPipelined sends a key's messages to one stream without
+	// waiting for acks, up to MaxOutstandingMessages of the key, as the
+	// service does: for clients that run a key's handlers one at a time
+	// (Go, Java, Python), not for Node's.
+	OrderingPipelined Ordering = "pipelined"
+)
+
+// pipelinedOrdering reports whether the subscription cfg is received with
+// pipelined ordering: its label or the server's default asks for it, and
+// the adapter pipelines it (an ordered, partitioned subscription without
+// exactly-once delivery, adapter.PipelinedOrdering).
+func (s *Server) pipelinedOrdering(cfg *adapter.SubscriptionConfig) bool {
+	o, ok := cfg.Labels[labelOrdering]
+	if !ok {
+		o = string(s.cfg.Ordering)
+	}
+	return o == string(OrderingPipelined) && cfg.EnableMessageOrdering &&
+		cfg.Delivery == adapter.DeliveryPartitioned && !cfg.ExactlyOnce
 }
 
 // Labels that choose an ordered subscription's delivery at creation; the
@@ -362,6 +396,9 @@ func (s *Server) delivery(cfg *adapter.SubscriptionConfig) error {
 	mode, ok := cfg.Labels[labelDelivery]
 	_, hasParts := cfg.Labels[labelPartitions]
 	_, hasBuffer := cfg.Labels[labelPartitionBuffer]
+	if _, has := cfg.Labels[labelOrdering]; has && !cfg.EnableMessageOrdering {
+		return invalid("label %s applies to subscriptions with message ordering", labelOrdering)
+	}
 	if !cfg.EnableMessageOrdering {
 		if ok || hasParts || hasBuffer {
 			return invalid("labels %s, %s and %s apply to subscriptions with message ordering", labelDelivery, labelPartitions, labelPartitionBuffer)

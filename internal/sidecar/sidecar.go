@@ -65,6 +65,9 @@ type Config struct {
 	// Delivery is the delivery mode of ordered subscriptions created
 	// without a jetorder-delivery label.
 	Delivery adapter.DeliveryMode
+	// Ordering is when a key's next message goes to a client on ordered
+	// subscriptions without a jetorder-ordering label.
+	Ordering pubsubapi.Ordering
 
 	MaxOutstandingMessages int // per subscription, held in the sidecar
 	// PushAllow is the allow-list of push endpoints (push.ParseAllowList):
@@ -211,6 +214,7 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		MaxOutstandingMessages: cfg.MaxOutstandingMessages,
 		MaxStreams:             cfg.MaxStreams,
 		Delivery:               cfg.Delivery,
+		Ordering:               cfg.Ordering,
 		Replicas:               max(cfg.Replicas, 1),
 		Logger:                 log,
 		Schemas:                schemas, // Publish validates against them

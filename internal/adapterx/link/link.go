@@ -10,4 +10,6 @@ var (
 	Validate   any
 	State      any
 	Superseded any
+	HandOver   any
+	Revoked    any
 )
