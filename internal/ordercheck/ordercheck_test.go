@@ -8,11 +8,7 @@ import (
 // The checker must catch each kind of violation, or the tests built on it
 // could never fail.
 func TestCheckerCatchesViolations(t *testing.T) {
-	tests := []struct {
-		name string
-		run  func(c *Checker)
-		want string // substring of the first violation; "" = none
-	}{
+	tests := []checkerCase{
 		{"in order", func(c *Checker) {
 			c.Delivered("s", "k", 0)
 			c.Acked("s", "k", 0)
@@ -52,19 +48,7 @@ func TestCheckerCatchesViolations(t *testing.T) {
 			c.Delivered("t", "a", 0)
 		}, ""},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := New()
-			tt.run(c)
-			v := c.Violations()
-			switch {
-			case tt.want == "" && len(v) > 0:
-				t.Fatalf("unexpected violations: %v", v)
-			case tt.want != "" && (len(v) == 0 || !strings.Contains(v[0], tt.want)):
-				t.Fatalf("violations %v, want one containing %q", v, tt.want)
-			}
-		})
-	}
+	runCases(t, New, tests)
 }
 
 func TestCheckerMissingAndStats(t *testing.T) {
@@ -152,11 +136,7 @@ func TestEncodeDecode(t *testing.T) {
 // The pipelined checker must catch what pipelined ordering forbids, and
 // pass what it allows.
 func TestPipelinedCheckerCatchesViolations(t *testing.T) {
-	tests := []struct {
-		name string
-		run  func(c *Checker)
-		want string // substring of the first violation; "" = none
-	}{
+	tests := []checkerCase{
 		{"next before ack", func(c *Checker) {
 			c.Delivered("s", "k", 0)
 			c.Released("s", "k", 0) // handler returned, ack to come
@@ -203,9 +183,22 @@ func TestPipelinedCheckerCatchesViolations(t *testing.T) {
 			c.Delivered("s", "k", 1)
 		}, "while message 0 is unacked"},
 	}
+	runCases(t, NewPipelined, tests)
+}
+
+// checkerCase is a run of calls on a fresh checker and the first violation
+// it must report ("" for none).
+type checkerCase struct {
+	name string
+	run  func(c *Checker)
+	want string
+}
+
+func runCases(t *testing.T, newChecker func() *Checker, tests []checkerCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := NewPipelined()
+			c := newChecker()
 			tt.run(c)
 			v := c.Violations()
 			switch {
