@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"hash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,12 +64,23 @@ func (s *Server) ackID(sub string, lease, seq uint64) string {
 	return base64.RawURLEncoding.EncodeToString(buf[:])
 }
 
+// ackMAC is the MAC of an ack id's body issued for sub. Every message
+// delivered and every ack id that comes back takes one: the keyed hashes
+// are pooled, since setting one up (hmac.New) costs more than the MAC of
+// an ack id's few bytes.
 func (s *Server) ackMAC(sub string, body []byte) []byte {
-	h := hmac.New(sha256.New, s.ackKey)
+	h, _ := s.ackMACs.Get().(hash.Hash)
+	if h == nil {
+		h = hmac.New(sha256.New, s.ackKey)
+	} else {
+		h.Reset()
+	}
 	h.Write([]byte(sub))
 	h.Write([]byte{0})
 	h.Write(body)
-	return h.Sum(nil)[:ackIDMACBytes]
+	sum := h.Sum(nil)[:ackIDMACBytes]
+	s.ackMACs.Put(h)
+	return sum
 }
 
 var errInvalidAckID = errors.New("invalid ack id")

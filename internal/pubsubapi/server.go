@@ -85,6 +85,9 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	ackKey []byte // authenticates ack ids; shared by the sidecars of a NATS server (ackid.go)
+	// ackMACs pools HMACs keyed with ackKey, which is set before the
+	// server serves and never changes.
+	ackMACs sync.Pool
 	epoch  uint64 // this process's, in its ack ids
 	stale  staleAcks
 
