@@ -120,6 +120,10 @@ type receiver struct {
 	deadTopics  map[string]*Topic                 // dead-letter topic handles, by full name
 	deadTopicMu sync.Mutex
 
+	// ackNotSent logs the acks and nacks that could not be sent (the
+	// connection is down), at most once per interval.
+	ackNotSent rareWarning
+
 	// mode delivers an ordered subscription's keyed messages (nil
 	// without ordering); the receiver holds what the push subscription
 	// delivers.

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -159,9 +161,7 @@ func (c *Client) directBatch(ctx context.Context, stream, filter string, from ui
 		}
 		switch st := m.Header.Get("Status"); st {
 		case "":
-		case "204": // end of the batch
-			return seqs, last, nil
-		case "404": // nothing (more) on filter
+		case "204", "404": // the end of the batch; nothing (more) on filter
 			return seqs, last, nil
 		case "503":
 			return seqs, last, fmt.Errorf("direct get on %s: %w", stream, nats.ErrNoResponders)
@@ -195,4 +195,34 @@ func (c *Client) leaderSeqs(ctx context.Context, stream, filter string, from, up
 		seq = found + 1
 	}
 	return seqs, nil
+}
+
+// rareWarning logs one warning at most once per interval: an outage
+// fails the same way for every message, and one line per message would
+// bury the rest of the log. The warnings not logged are counted, and the
+// next line logged says how many there were.
+type rareWarning struct {
+	mu      sync.Mutex
+	last    time.Time
+	skipped int
+}
+
+// rareWarningInterval is how often a rareWarning logs at most.
+const rareWarningInterval = 10 * time.Second
+
+func (w *rareWarning) warn(log *slog.Logger, msg string, args ...any) {
+	w.mu.Lock()
+	now := time.Now()
+	if !w.last.IsZero() && now.Sub(w.last) < rareWarningInterval {
+		w.skipped++
+		w.mu.Unlock()
+		return
+	}
+	skipped := w.skipped
+	w.last, w.skipped = now, 0
+	w.mu.Unlock()
+	if skipped > 0 {
+		args = append(args, "not_logged_since_last", skipped)
+	}
+	log.Warn(msg, args...)
 }

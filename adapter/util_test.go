@@ -2,7 +2,9 @@ package adapter
 
 import (
 	"context"
+	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,7 +22,10 @@ func TestStreamSeqs(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	js, _ := jetstream.New(nc)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, AllowDirect: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -63,5 +68,25 @@ func TestStreamSeqs(t *testing.T) {
 	}
 	if got, err := c.streamSeqs(ctx, "S", "s.none", 1, 60, 10); err != nil || len(got) != 0 {
 		t.Errorf("no such subject: %v, %v", got, err)
+	}
+}
+
+func TestRareWarningLogsOncePerInterval(t *testing.T) {
+	var buf testutil.LogBuffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	var w rareWarning
+	for range 5 {
+		w.warn(log, "ack not sent", "subscription", "s")
+	}
+	if lines := buf.Lines(); len(lines) != 1 || strings.Contains(lines[0], "not_logged_since_last") {
+		t.Fatalf("5 warnings within the interval logged %q, want one line without a count", lines)
+	}
+	w.mu.Lock()
+	w.last = w.last.Add(-rareWarningInterval) // the interval has passed
+	w.mu.Unlock()
+	w.warn(log, "ack not sent", "subscription", "s")
+	lines := buf.Lines()
+	if len(lines) != 2 || !strings.Contains(lines[1], "not_logged_since_last=4") {
+		t.Fatalf("the warning after the interval logged %q, want a second line counting the 4 not logged", lines)
 	}
 }
