@@ -75,4 +75,11 @@
 // pending; discovery.go says why that race loses and duplicates nothing.
 // Every receiving process takes the key consumers' messages on one queue
 // subscription.
+//
+// Take-over. A key whose message was pushed to a receiver that died would
+// wait for that message's ack deadline. Every receiver records itself as a
+// member of the subscription and answers on its presence subject; when one
+// is gone, the discovery lease's holder pauses the key consumers with a
+// message unacked, asks the other members which of those they hold, and
+// nacks the rest, so they are redelivered at once (takeover_perkey.go).
 package adapter

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -135,7 +133,7 @@ type killProc struct {
 	grpc, http string
 	readyAt    time.Time
 	exited     chan struct{}
-	log        *syncBuffer
+	log        *testutil.LogBuffer
 }
 
 var killListening = regexp.MustCompile(`msg="jetorder sidecar listening" grpc=(\S+) http=(\S+)`)
@@ -154,12 +152,12 @@ func killStart(t *testing.T, bin, dataDir, grpcAddr, httpAddr string, extra ...s
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &killProc{t: t, cmd: cmd, exited: make(chan struct{}), log: &syncBuffer{}}
+	p := &killProc{t: t, cmd: cmd, exited: make(chan struct{}), log: &testutil.LogBuffer{}}
 	found := make(chan []string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
-			p.log.write(sc.Text() + "\n")
+			_, _ = p.log.Write([]byte(sc.Text() + "\n"))
 			if m := killListening.FindStringSubmatch(sc.Text()); m != nil {
 				select {
 				case found <- m:
@@ -207,22 +205,4 @@ func (p *killProc) terminate() {
 	case <-time.After(30 * time.Second):
 		p.t.Errorf("sidecar still running 30s after SIGTERM")
 	}
-}
-
-// syncBuffer collects a child's log lines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) write(s string) {
-	b.mu.Lock()
-	b.buf.WriteString(s)
-	b.mu.Unlock()
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
