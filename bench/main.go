@@ -31,6 +31,7 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -88,6 +89,9 @@ func main() {
 	fmt.Printf("jetorder bench: %s, GOMAXPROCS=%d, payload %d B, file storage, one process (server embedded)\n\n",
 		runtime.Version(), runtime.GOMAXPROCS(0), *payloadSize)
 
+	if *cpuProfile != "" && *pipeProfile != "" {
+		check(errors.New("-cpuprofile and -pipe-cpuprofile cannot be used together: Go writes one CPU profile at a time"))
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		check(err)
@@ -322,6 +326,10 @@ type bench struct {
 	js     jetstream.JetStream
 	client *adapter.Client
 	seq    int
+	// deliveryProfile, when set, is the file the next deliverIn writes a
+	// CPU profile of its delivery to (publishing left out); it is cleared
+	// then.
+	deliveryProfile string
 }
 
 func (b *bench) name(prefix string) string {
@@ -541,16 +549,18 @@ func adapterPublish(topic *adapter.Topic, keys []string, msgs int, payload []byt
 func (b *bench) orderedTopic(prefix string) (string, *adapter.Topic, *adapter.Subscription, func()) {
 	// Per key: these runs measure per-key consumers (the modes run compares
 	// both modes).
-	return b.orderedTopicIn(prefix, adapter.DeliveryPerKey)
+	return b.orderedTopicIn(prefix, adapter.SubscriptionConfig{Delivery: adapter.DeliveryPerKey})
 }
 
-// orderedTopicIn is orderedTopic with the given delivery mode.
-func (b *bench) orderedTopicIn(prefix string, delivery adapter.DeliveryMode) (string, *adapter.Topic, *adapter.Subscription, func()) {
+// orderedTopicIn is orderedTopic with the subscription settings of cfg
+// (its topic and ordering set here).
+func (b *bench) orderedTopicIn(prefix string, cfg adapter.SubscriptionConfig) (string, *adapter.Topic, *adapter.Subscription, func()) {
 	ctx := context.Background()
 	topicID := b.name(prefix)
 	topic, err := b.client.CreateTopic(ctx, topicID)
 	check(err)
-	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: delivery})
+	cfg.Topic, cfg.EnableMessageOrdering = topic, true
+	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub", cfg)
 	check(err)
 	return topicID, topic, sub, func() {
 		_ = sub.Delete(ctx)

@@ -73,6 +73,9 @@ func (b *bench) modes() chart {
 			t.rawLayout = b.rawPartitionLayout(t.keys, t.msgs, partitionsOf(adapter.DeliveryPartitioned))
 			fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (%d pull consumers with the partitions' filter subjects, MaxAckPending %d each, no key gating)\n",
 				"raw-layout", t.rawLayout, t.rawLayout/t.raw, partitionsOf(adapter.DeliveryPartitioned), defaultPartitionBuffer)
+			t.rawSplit = b.rawStreamPerPartition(t.keys, t.msgs, partitionsOf(adapter.DeliveryPartitioned))
+			fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (a stream per partition, one pull consumer each without a filter, MaxAckPending %d, no key gating)\n",
+				"raw-split", t.rawSplit, t.rawSplit/t.raw, defaultPartitionBuffer)
 		}
 		t.modes = map[adapter.DeliveryMode]throughputResult{}
 		for _, mode := range deliveryModes {
@@ -439,6 +442,7 @@ type throughputCase struct {
 	// the partitioned figure from the adapter's.
 	layoutBaseline bool
 	rawLayout      float64
+	rawSplit       float64 // rawStreamPerPartition
 	modes          map[adapter.DeliveryMode]throughputResult
 }
 
@@ -482,6 +486,35 @@ func (b *bench) rawPartitionLayout(keys, msgs, partitions int) float64 {
 		check(err)
 		consumers = append(consumers, cons)
 	}
+	return consumeAndAck(msgs, consumers...)
+}
+
+// rawStreamPerPartition is rawPartitionLayout with the partitions apart in
+// streams of their own, one per partition, each read by one pull consumer
+// without a filter: what the server can do for a partitioned subscription
+// whose partitions it need not pick out of one stream (the ceiling of a
+// storage layout that splits a topic by partition).
+func (b *bench) rawStreamPerPartition(keys, msgs, partitions int) float64 {
+	ctx := context.Background()
+	topicID := b.name("modes-split")
+	names := make([]string, keys)
+	subjects := make([]string, keys)
+	for k := range keys {
+		names[k] = "key-" + strconv.Itoa(k)
+		subjects[k] = topicID + "." + strconv.Itoa(keyrouter.Slot(names[k])%partitions) + "." + keyrouter.KeyToken(names[k])
+	}
+	var consumers []jetstream.Consumer
+	for i := range partitions {
+		name := topicID + "-" + strconv.Itoa(i)
+		s, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{topicID + "." + strconv.Itoa(i) + ".>"}, Storage: jetstream.FileStorage})
+		check(err)
+		defer func() { _ = b.js.DeleteStream(ctx, name) }()
+		cons, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "p", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: defaultPartitionBuffer})
+		check(err)
+		consumers = append(consumers, cons)
+	}
+	b.fill(func(i int) string { return subjects[i%keys] },
+		func(i int) nats.Header { return nats.Header{"Jetorder-Ordering-Key": {names[i%keys]}} }, msgs)
 	return consumeAndAck(msgs, consumers...)
 }
 
@@ -596,6 +629,8 @@ func (s *modesSummary) print() {
 		if t.layoutBaseline {
 			fmt.Printf(row, "   raw with the partitions' filters", fmt.Sprintf("%.0f (%s)", t.rawLayout, ratio(t.rawLayout/t.raw)),
 				fmt.Sprintf("%.2fx of that", t.modes[adapter.DeliveryPartitioned].rate/t.rawLayout), "")
+			fmt.Printf(row, "   raw, a stream per partition", fmt.Sprintf("%.0f (%s)", t.rawSplit, ratio(t.rawSplit/t.raw)),
+				fmt.Sprintf("%.2fx of that", t.modes[adapter.DeliveryPartitioned].rate/t.rawSplit), "")
 		}
 	}
 
@@ -649,7 +684,8 @@ func (s *modesSummary) chart() chart {
 			bars: []bar{baseBar(fmt.Sprintf("raw JetStream, MaxAckPending %d", t.baselineAckPending), t.raw)}}
 		if t.layoutBaseline {
 			g.bars = append(g.bars, baseBar(fmt.Sprintf("raw, the partitions' %d filters", partitionsOf(adapter.DeliveryPartitioned)), t.rawLayout,
-				vs(t.rawLayout/t.raw, "raw")))
+				vs(t.rawLayout/t.raw, "raw")),
+				baseBar(fmt.Sprintf("raw, a stream per partition (%d)", partitionsOf(adapter.DeliveryPartitioned)), t.rawSplit, vs(t.rawSplit/t.raw, "raw")))
 		}
 		for _, m := range deliveryModes {
 			r := t.modes[m]

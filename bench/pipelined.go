@@ -12,7 +12,11 @@ import (
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 )
 
-var pipeOutstanding = flag.Int("pipe-outstanding", 1000, "pipelined run: the Go client's MaxOutstandingMessages and the sidecar's --max-outstanding-messages")
+var (
+	pipeOutstanding = flag.Int("pipe-outstanding", 1000, "pipelined run: the Go client's MaxOutstandingMessages and the sidecar's --max-outstanding-messages")
+	pipeBuffer      = flag.Int("pipe-partition-buffer", 0, "pipelined run: the subscriptions' partition buffer (0: the adapter's default, 1000)")
+	pipeProfile     = flag.String("pipe-cpuprofile", "", "pipelined run: write a CPU profile of each round's 256-key pipelined delivery through the Go client (publishing left out) to FILE.<round>; not with -cpuprofile")
+)
 
 // pipelinedRuns measures delivery through the sidecar's gRPC API with
 // Google's Go client on partitioned subscriptions, strict and pipelined
@@ -37,6 +41,7 @@ func (b *bench) pipelinedRuns() chart {
 			}
 		}
 	}
+	cfg := adapter.SubscriptionConfig{Delivery: adapter.DeliveryPartitioned, PartitionBuffer: *pipeBuffer}
 	fmt.Printf("%-5s %-30s %10s %10s %8s %10s %8s\n", "round", "pipelined run (partitioned)", "library", "strict", "vs lib", "pipelined", "vs lib")
 	type row struct{ lib, strict, piped float64 }
 	var many, one []row
@@ -46,11 +51,14 @@ func (b *bench) pipelinedRuns() chart {
 			out                    *[]row
 		}{{256, n(20_000), n(20_000), &many}, {1, n(10_000), n(300), &one}} {
 			var x row
-			x.lib = b.deliverIn(adapter.DeliveryPartitioned, r.keys, r.msgs, library)
+			x.lib = b.deliverIn(cfg, r.keys, r.msgs, library)
 			// Strict through the Go client moves about ten messages a
 			// second on one key (it acks every 100 ms): fewer of them.
-			x.strict = b.deliverIn(adapter.DeliveryPartitioned, r.keys, r.strictMsgs, goClient(strict))
-			x.piped = b.deliverIn(adapter.DeliveryPartitioned, r.keys, r.msgs, goClient(piped))
+			x.strict = b.deliverIn(cfg, r.keys, r.strictMsgs, goClient(strict))
+			if *pipeProfile != "" && r.keys > 1 {
+				b.deliveryProfile = fmt.Sprintf("%s.%d", *pipeProfile, round)
+			}
+			x.piped = b.deliverIn(cfg, r.keys, r.msgs, goClient(piped))
 			*r.out = append(*r.out, x)
 			fmt.Printf("%-5d %-30s %10.0f %10.0f %7.3fx %10.0f %7.3fx\n", round, fmt.Sprintf("%s, %d msgs, Go client", plural(r.keys, "key"), r.msgs),
 				x.lib, x.strict, x.strict/x.lib, x.piped, x.piped/x.lib)

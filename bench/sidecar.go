@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -147,15 +149,16 @@ func (f sidecarFigures) chart(keys, msgs int) chart {
 // deliver fills an ordered topic and times receive until every message is
 // acked, from the first delivery.
 func (b *bench) deliver(keys, msgs int, recv func(sub *adapter.Subscription, done func()) func(context.Context) error) float64 {
-	return b.deliverIn(adapter.DeliveryPerKey, keys, msgs, recv)
+	return b.deliverIn(adapter.SubscriptionConfig{Delivery: adapter.DeliveryPerKey}, keys, msgs, recv)
 }
 
-// deliverIn is deliver with the given delivery mode.
-func (b *bench) deliverIn(delivery adapter.DeliveryMode, keys, msgs int, recv func(sub *adapter.Subscription, done func()) func(context.Context) error) float64 {
-	topicID, _, sub, cleanup := b.orderedTopicIn("deliver", delivery)
+// deliverIn is deliver on a subscription with the settings of cfg.
+func (b *bench) deliverIn(cfg adapter.SubscriptionConfig, keys, msgs int, recv func(sub *adapter.Subscription, done func()) func(context.Context) error) float64 {
+	topicID, _, sub, cleanup := b.orderedTopicIn("deliver", cfg)
 	defer cleanup()
 	subject, hdr := keyed(topicID, "key", keys)
 	b.fill(subject, hdr, msgs)
+	stopProfile := b.startDeliveryProfile()
 	var got atomic.Int64
 	var first atomic.Int64
 	done := make(chan struct{})
@@ -171,9 +174,26 @@ func (b *bench) deliverIn(delivery adapter.DeliveryMode, keys, msgs int, recv fu
 	}()
 	<-done
 	rate := float64(msgs-1) / time.Since(time.Unix(0, first.Load())).Seconds()
+	stopProfile()
 	cancel()
 	check(<-ended)
 	return rate
+}
+
+// startDeliveryProfile starts the CPU profile b.deliveryProfile asks for,
+// if any, and returns what stops it.
+func (b *bench) startDeliveryProfile() (stop func()) {
+	if b.deliveryProfile == "" {
+		return func() {}
+	}
+	f, err := os.Create(b.deliveryProfile)
+	check(err)
+	b.deliveryProfile = ""
+	check(pprof.StartCPUProfile(f))
+	return func() {
+		pprof.StopCPUProfile()
+		check(f.Close())
+	}
 }
 
 // publish times publishing msgs messages over keys keys with the adapter's
