@@ -19,10 +19,15 @@ browser:
 	bash .ci/chromium
 
 ## bench: throughput, latency and memory against raw JetStream baselines; charts of them into docs/bench
-# Flags through BENCHFLAGS, e.g. make bench BENCHFLAGS='-runs ordered -rounds 1'
+# Flags through BENCHFLAGS, e.g. make bench BENCHFLAGS='-runs ordered -rounds 1'.
+# CPU profiles of the deliveries whose targets are hardest (1,000 keys
+# partitioned; 256 keys pipelined through the Go client) go to BENCHPROFILES,
+# and the bench prints where their CPU went.
 BENCHFLAGS ?=
+BENCHPROFILES ?= $(or $(TMPDIR),/tmp)/jetorder-bench-profiles
 bench:
-	$(GO) run ./bench -charts docs/bench $(BENCHFLAGS)
+	mkdir -p $(BENCHPROFILES)
+	$(GO) run ./bench -charts docs/bench -modes-cpuprofile $(BENCHPROFILES)/modes-1000-keys.prof -pipe-cpuprofile $(BENCHPROFILES)/pipelined-256-keys.prof $(BENCHFLAGS)
 
 ## soak: 3 minutes of ordered publish and receive with key churn (not in CI); fails if goroutines, heap, RSS or consumers keep growing
 # Flags through SOAKFLAGS, e.g. make soak SOAKFLAGS='-duration 45s -mode library'

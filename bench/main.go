@@ -89,8 +89,8 @@ func main() {
 	fmt.Printf("jetorder bench: %s, GOMAXPROCS=%d, payload %d B, file storage, one process (server embedded)\n\n",
 		runtime.Version(), runtime.GOMAXPROCS(0), *payloadSize)
 
-	if *cpuProfile != "" && *pipeProfile != "" {
-		check(errors.New("-cpuprofile and -pipe-cpuprofile cannot be used together: Go writes one CPU profile at a time"))
+	if *cpuProfile != "" && (*pipeProfile != "" || *modesProfile != "") {
+		check(errors.New("-cpuprofile cannot be used with -pipe-cpuprofile or -modes-cpuprofile: Go writes one CPU profile at a time"))
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)

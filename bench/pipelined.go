@@ -55,13 +55,18 @@ func (b *bench) pipelinedRuns() chart {
 			// Strict through the Go client moves about ten messages a
 			// second on one key (it acks every 100 ms): fewer of them.
 			x.strict = b.deliverIn(cfg, r.keys, r.strictMsgs, goClient(strict))
+			profiled := ""
 			if *pipeProfile != "" && r.keys > 1 {
-				b.deliveryProfile = fmt.Sprintf("%s.%d", *pipeProfile, round)
+				profiled = fmt.Sprintf("%s.%d", *pipeProfile, round)
+				b.deliveryProfile = profiled
 			}
 			x.piped = b.deliverIn(cfg, r.keys, r.msgs, goClient(piped))
 			*r.out = append(*r.out, x)
 			fmt.Printf("%-5d %-30s %10.0f %10.0f %7.3fx %10.0f %7.3fx\n", round, fmt.Sprintf("%s, %d msgs, Go client", plural(r.keys, "key"), r.msgs),
 				x.lib, x.strict, x.strict/x.lib, x.piped, x.piped/x.lib)
+			if profiled != "" {
+				fmt.Printf("      pipelined: %s\n", describeCPU(profiled))
+			}
 		}
 	}
 	med := func(rows []row, v func(row) float64) float64 {
