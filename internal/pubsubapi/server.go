@@ -88,8 +88,9 @@ type Server struct {
 	// ackMACs pools HMACs keyed with ackKey, which is set before the
 	// server serves and never changes.
 	ackMACs sync.Pool
-	epoch  uint64 // this process's, in its ack ids
-	stale  staleAcks
+
+	epoch uint64 // this process's, in its ack ids
+	stale staleAcks
 
 	topicSchemas topicSchemaCache // for Publish
 
