@@ -145,7 +145,7 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 		}
 		d.home.release(d, false)
 		if err := d.r.c.nc.Publish(d.reply, payload); err != nil {
-			d.r.ackNotSent.warn(d.r.c.cfg.logger, "ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)
+			d.r.ackWarn.warn(d.r.c.cfg.logger, "ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)
 		}
 	})
 }

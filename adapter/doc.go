@@ -54,8 +54,9 @@
 // its gates see them all. An owner whose pull request is refused asks the
 // server who is pinned; if another client is, it hands its waiting
 // messages back at once and keeps extending those in handlers, so the new
-// owner waits for them to be acked, or for their deadline to pass (a dead
-// owner) and their redelivery, exactly as a per-key consumer would. (The
+// owner waits for them to be acked. A dead owner's messages do not wait
+// for their deadline: its presence subject has no responders, and the new
+// owner has them redelivered at once (fast take-over, takeover.go). (The
 // count can be fooled by an owner that acks, late, a message its deadline
 // let the server redeliver elsewhere; the first-message check catches that
 // when the hidden message is the first unacked one. docs/RELIABILITY.md.)

@@ -120,9 +120,9 @@ type receiver struct {
 	deadTopics  map[string]*Topic                 // dead-letter topic handles, by full name
 	deadTopicMu sync.Mutex
 
-	// ackNotSent logs the acks and nacks that could not be sent (the
+	// ackWarn logs the acks and nacks that could not be sent (the
 	// connection is down), at most once per interval.
-	ackNotSent rareWarning
+	ackWarn rareWarning
 
 	// mode delivers an ordered subscription's keyed messages (nil
 	// without ordering); the receiver holds what the push subscription
@@ -411,6 +411,7 @@ func (r *receiver) shutdown(sub *nats.Subscription, stopBackground, cancelHandle
 	// 3.
 	cancelHandlers()
 	r.workers.Wait()
+	r.ackWarn.flush(r.c.cfg.logger)
 
 	// 4.
 	r.deadTopicMu.Lock()

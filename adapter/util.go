@@ -199,30 +199,52 @@ func (c *Client) leaderSeqs(ctx context.Context, stream, filter string, from, up
 
 // rareWarning logs one warning at most once per interval: an outage
 // fails the same way for every message, and one line per message would
-// bury the rest of the log. The warnings not logged are counted, and the
-// next line logged says how many there were.
+// bury the rest of the log. The warnings not logged are counted: the next
+// line logged says how many there were, and flush logs the last of them
+// with the count when the warnings' source ends.
 type rareWarning struct {
-	mu      sync.Mutex
-	last    time.Time
-	skipped int
+	now func() time.Time // time.Now; tests set it
+
+	mu       sync.Mutex
+	last     time.Time // the last line logged
+	skipped  int       // warnings not logged since
+	lastArgs []any     // the last of those
+	lastMsg  string
 }
 
 // rareWarningInterval is how often a rareWarning logs at most.
 const rareWarningInterval = 10 * time.Second
 
 func (w *rareWarning) warn(log *slog.Logger, msg string, args ...any) {
+	now := time.Now
+	if w.now != nil {
+		now = w.now
+	}
+	t := now()
 	w.mu.Lock()
-	now := time.Now()
-	if !w.last.IsZero() && now.Sub(w.last) < rareWarningInterval {
+	if !w.last.IsZero() && t.Sub(w.last) < rareWarningInterval {
 		w.skipped++
+		w.lastMsg, w.lastArgs = msg, args
 		w.mu.Unlock()
 		return
 	}
 	skipped := w.skipped
-	w.last, w.skipped = now, 0
+	w.last, w.skipped, w.lastArgs = t, 0, nil
 	w.mu.Unlock()
 	if skipped > 0 {
 		args = append(args, "not_logged_since_last", skipped)
 	}
 	log.Warn(msg, args...)
+}
+
+// flush logs the last warning not logged, with the count of those not
+// logged, if there were any since the last line.
+func (w *rareWarning) flush(log *slog.Logger) {
+	w.mu.Lock()
+	skipped, msg, args := w.skipped, w.lastMsg, w.lastArgs
+	w.skipped, w.lastArgs = 0, nil
+	w.mu.Unlock()
+	if skipped > 0 {
+		log.Warn(msg, append(args, "not_logged_since_last", skipped)...)
+	}
 }

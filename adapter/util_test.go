@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -74,19 +75,30 @@ func TestStreamSeqs(t *testing.T) {
 func TestRareWarningLogsOncePerInterval(t *testing.T) {
 	var buf testutil.LogBuffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-	var w rareWarning
-	for range 5 {
-		w.warn(log, "ack not sent", "subscription", "s")
+	t0 := time.Unix(1_800_000_000, 0)
+	var at time.Duration
+	w := rareWarning{now: func() time.Time { return t0.Add(at) }}
+	// A warning every second of a 25 s outage: lines at 0 s, 10 s and
+	// 20 s, each after the first counting the 9 in between; flush reports
+	// the last 4 (21-24 s).
+	for at = 0; at < 25*time.Second; at += time.Second {
+		w.warn(log, "ack not sent", "n", int(at/time.Second))
 	}
-	if lines := buf.Lines(); len(lines) != 1 || strings.Contains(lines[0], "not_logged_since_last") {
-		t.Fatalf("5 warnings within the interval logged %q, want one line without a count", lines)
+	w.flush(log)
+	w.flush(log) // nothing more
+	want := []string{
+		"n=0",
+		"n=10 not_logged_since_last=9",
+		"n=20 not_logged_since_last=9",
+		"n=24 not_logged_since_last=4",
 	}
-	w.mu.Lock()
-	w.last = w.last.Add(-rareWarningInterval) // the interval has passed
-	w.mu.Unlock()
-	w.warn(log, "ack not sent", "subscription", "s")
 	lines := buf.Lines()
-	if len(lines) != 2 || !strings.Contains(lines[1], "not_logged_since_last=4") {
-		t.Fatalf("the warning after the interval logged %q, want a second line counting the 4 not logged", lines)
+	if len(lines) != len(want) {
+		t.Fatalf("logged %d lines, want %d:\n%s", len(lines), len(want), strings.Join(lines, "\n"))
+	}
+	for i, line := range lines {
+		if !strings.HasSuffix(line, `msg="ack not sent" `+want[i]) {
+			t.Errorf("line %d = %q, want it to end with %q", i, line, want[i])
+		}
 	}
 }
