@@ -21,8 +21,13 @@ var cpuComponents = []struct{ name, prefix string }{
 	{"nats-server", "github.com/nats-io/nats-server/"},
 	{"nats.go", "github.com/nats-io/nats.go"},
 	{"jetorder adapter", "github.com/jetorder/jetorder/adapter."},
-	{"jetorder adapter", "github.com/jetorder/jetorder/internal/adapterx."},
-	{"jetorder sidecar", "github.com/jetorder/jetorder/"},
+	{"jetorder adapter", "github.com/jetorder/jetorder/internal/adapterx"},
+	{"jetorder adapter", "github.com/jetorder/jetorder/keyrouter."},
+	{"jetorder adapter", "github.com/jetorder/jetorder/internal/filter."},
+	{"jetorder adapter", "github.com/jetorder/jetorder/internal/rsb."},
+	{"jetorder sidecar", "github.com/jetorder/jetorder/internal/"}, // pubsubapi, broker, ...
+	// The generated Pub/Sub types serve the sidecar and the client alike.
+	{"gRPC, HTTP/2, protobuf", "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb."},
 	{"Google's Go client", "cloud.google.com/go/"},
 	{"gRPC, HTTP/2, protobuf", "google.golang.org/grpc"},
 	{"gRPC, HTTP/2, protobuf", "google.golang.org/protobuf"},
@@ -40,7 +45,7 @@ type cpuShare struct {
 // innermost frame of a known component: the Go runtime's and the standard
 // library's frames go to the code they ran for (an allocation to whoever
 // allocated, a syscall to whoever wrote), the garbage collector's
-// background workers to "Go GC". It returns the shares, largest first, the
+// background workers (marking, sweeping, scavenging) to "Go GC". It returns the shares, largest first, the
 // CPU time sampled and the wall time profiled.
 func cpuShares(path string) (shares []cpuShare, total, wall time.Duration, err error) {
 	f, err := os.Open(path)
@@ -52,7 +57,10 @@ func cpuShares(path string) (shares []cpuShare, total, wall time.Duration, err e
 	if err != nil {
 		return nil, 0, 0, err
 	}
-	value := len(p.SampleType) - 1 // cpu nanoseconds
+	value := slices.IndexFunc(p.SampleType, func(t *profile.ValueType) bool { return t.Type == "cpu" })
+	if value < 0 {
+		return nil, 0, 0, fmt.Errorf("%s: not a CPU profile", path)
+	}
 	by := map[string]time.Duration{}
 	for _, s := range p.Sample {
 		d := time.Duration(s.Value[value])
@@ -76,7 +84,8 @@ func chargeSample(s *profile.Sample) string {
 		}
 	}
 	for _, fn := range funcs {
-		if strings.HasPrefix(fn, "runtime.gcBgMarkWorker") {
+		switch {
+		case strings.HasPrefix(fn, "runtime.gcBgMarkWorker"), fn == "runtime.bgsweep", fn == "runtime.bgscavenge":
 			return "Go GC"
 		}
 	}

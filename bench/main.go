@@ -69,6 +69,9 @@ const project = "bench"
 
 func main() {
 	flag.Parse()
+	if *cpuProfile != "" && (*pipeProfile != "" || *modesProfile != "") {
+		check(errors.New("-cpuprofile cannot be used with -pipe-cpuprofile or -modes-cpuprofile: Go writes one CPU profile at a time"))
+	}
 	dir, err := os.MkdirTemp("", "jetorder-bench-")
 	check(err)
 	defer os.RemoveAll(dir)
@@ -89,9 +92,6 @@ func main() {
 	fmt.Printf("jetorder bench: %s, GOMAXPROCS=%d, payload %d B, file storage, one process (server embedded)\n\n",
 		runtime.Version(), runtime.GOMAXPROCS(0), *payloadSize)
 
-	if *cpuProfile != "" && (*pipeProfile != "" || *modesProfile != "") {
-		check(errors.New("-cpuprofile cannot be used with -pipe-cpuprofile or -modes-cpuprofile: Go writes one CPU profile at a time"))
-	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		check(err)
@@ -326,9 +326,9 @@ type bench struct {
 	js     jetstream.JetStream
 	client *adapter.Client
 	seq    int
-	// deliveryProfile, when set, is the file the next deliverIn writes a
-	// CPU profile of its delivery to (publishing left out); it is cleared
-	// then.
+	// deliveryProfile, when set, is the file the next deliverIn or
+	// modeThroughput writes a CPU profile of its delivery to (publishing
+	// left out); it is cleared then.
 	deliveryProfile string
 }
 
