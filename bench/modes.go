@@ -29,7 +29,7 @@ var (
 	modesDuration = flag.Duration("modes-duration", 10*time.Second, "how long the delivery-modes latency run publishes")
 	modesDrain    = flag.Duration("modes-drain", 15*time.Second, "how long the latency run waits for deliveries after publishing ends")
 	modesParts    = flag.Int("modes-partitions", 0, "partitions of the partitioned subscriptions (0: the adapter's default)")
-	modesProfile  = flag.String("modes-cpuprofile", "", "repeat the partitioned 1,000-key delivery under the CPU profiler (publishing left out; not in the figures) and write the profile to this file; not with -cpuprofile")
+	modesProfile  = flag.String("modes-cpuprofile", "", "repeat the partitioned 1,000-key delivery with five times the messages under the CPU profiler (publishing left out; not in the figures) and write the profile to this file; not with -cpuprofile")
 )
 
 // rawJetStream stands beside the delivery modes for the baseline: one pull
@@ -85,12 +85,13 @@ func (b *bench) modes() chart {
 			fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw; %s\n", mode, r.rate, r.rate/t.raw, r.describe())
 			if t.layoutBaseline && mode == adapter.DeliveryPartitioned && *modesProfile != "" {
 				// A repeat, so that the profiler's cost stays out of the
-				// figures; before per-key's run, whose consumers keep the
-				// server busy for a while after it.
+				// figures, with five times the messages, for samples enough;
+				// before per-key's run, whose consumers keep the server busy
+				// for a while after it.
 				b.deliveryProfile = *modesProfile
-				r := b.modeThroughput(mode, t.keys, t.msgs)
-				fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (partitioned again, under the CPU profiler; not in the figures)\n   %-12s %s\n",
-					"profiled", r.rate, r.rate/t.raw, "", describeCPU(*modesProfile))
+				r := b.modeThroughput(mode, t.keys, 5*t.msgs)
+				fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (partitioned again with %d messages, under the CPU profiler; not in the figures)\n   %-12s %s\n",
+					"profiled", r.rate, r.rate/t.raw, 5*t.msgs, "", describeCPU(*modesProfile))
 			}
 		}
 		s.throughput = append(s.throughput, t)
