@@ -88,7 +88,7 @@ func (b *bench) pipelinedRuns() chart {
 	fmt.Printf("pipelined, 1 key, median of %d rounds: %.0f msgs/s through the Go client (target 1,000), %.2fx the library's Receive [%.2f-%.2f]; strict %.0f msgs/s\n",
 		*rounds, med(one, func(r row) float64 { return r.piped }), median(ro), slices.Min(ro), slices.Max(ro), med(one, func(r row) float64 { return r.strict }))
 	group := func(keys int, rows []row) barGroup {
-		return barGroup{title: fmt.Sprintf("%d keys, partitioned, Google's Go client through the sidecar: messages/s", keys), bars: []bar{
+		return barGroup{title: fmt.Sprintf("%s, partitioned, Google's Go client through the sidecar: messages/s", plural(keys, "key")), bars: []bar{
 			baseBar("library Receive (strict)", med(rows, func(r row) float64 { return r.lib })),
 			rateBar("gRPC, strict", med(rows, func(r row) float64 { return r.strict }), vs(med(rows, func(r row) float64 { return r.strict / r.lib }), "library")),
 			rateBar("gRPC, pipelined", med(rows, func(r row) float64 { return r.piped }), vs(med(rows, func(r row) float64 { return r.piped / r.lib }), "library")),
