@@ -81,19 +81,11 @@ func chaosKills(t *testing.T, pipelined bool) {
 
 	pub := c.Publisher("chaos")
 	pub.EnableMessageOrdering = true
-	var results []*pubsub.PublishResult
-	for i := range perKey {
-		for k := range keys {
-			key := fmt.Sprintf("user-%d", k)
-			results = append(results, pub.Publish(context.Background(), &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
-			chk.Published(key, i)
-		}
+	var names []string
+	for k := range keys {
+		names = append(names, fmt.Sprintf("user-%d", k))
 	}
-	for _, r := range results {
-		if _, err := r.Get(context.Background()); err != nil {
-			t.Fatalf("publish: %v", err)
-		}
-	}
+	publishCheckedGo(t, pub, chk, names, perKey)
 	pub.Stop()
 	chk.AcksMayBeLost()
 

@@ -139,53 +139,20 @@ func TestPipelinedOrderingCheckerGoClient(t *testing.T) {
 		Labels: pipelinedLabels})
 	chk := ordercheck.NewPipelined()
 	const sub = "pipe-checked-sub"
-	var mu sync.Mutex
-	count := 0
-	handler := func(_ context.Context, m *pubsub.Message) {
-		key, idx, err := ordercheck.Decode(m.Data)
-		if err != nil || key != m.OrderingKey {
-			chk.Fail("undecodable delivery %q (key %q): %v", m.Data, m.OrderingKey, err)
-			m.Ack()
-			return
-		}
-		chk.Delivered(sub, key, idx)
-		mu.Lock()
-		count++
-		nack := count%23 == 0
-		mu.Unlock()
-		if nack {
-			chk.Released(sub, key, idx)
-			m.Nack()
-			return
-		}
-		chk.Acked(sub, key, idx)
-		m.Ack()
-	}
 	for _, cl := range []*pubsub.Client{c, sc.goClient()} {
 		s := cl.Subscriber(sub)
 		s.ReceiveSettings.NumGoroutines = 2
-		receiveGo(t, s, handler)
+		receiveGo(t, s, checkedGoHandler(chk, sub, 23))
 	}
 	pub := c.Publisher("pipe-checked")
 	pub.EnableMessageOrdering = true
 	defer pub.Stop()
-	const keys, msgs = 16, 60
-	var results []*pubsub.PublishResult
-	for i := range msgs {
-		for k := 0; k <= keys; k++ {
-			key := fmt.Sprintf("key-%d", k)
-			if k == keys {
-				key = ""
-			}
-			results = append(results, pub.Publish(context.Background(), &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
-			chk.Published(key, i)
-		}
+	var names []string // 16 keys and unkeyed
+	for k := range 16 {
+		names = append(names, fmt.Sprintf("key-%d", k))
 	}
-	for _, r := range results {
-		if _, err := r.Get(context.Background()); err != nil {
-			t.Fatalf("publish: %v", err)
-		}
-	}
+	names = append(names, "")
+	publishCheckedGo(t, pub, chk, names, 60)
 	testutil.Eventually(t, 90*time.Second, func() bool { return chk.Complete(sub) },
 		"not everything acked: %s", func() string { return chk.Missing(sub) })
 	if v := chk.Violations(); len(v) > 0 {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
+	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 )
 
@@ -161,6 +162,53 @@ func receiveGo(t *testing.T, sub *pubsub.Subscriber, f func(context.Context, *pu
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// publishCheckedGo publishes msgs messages on each of keys through p,
+// interleaved (message i of every key before message i+1 of any; "" is no
+// ordering key), records each with chk, and waits for every result.
+func publishCheckedGo(t *testing.T, p *pubsub.Publisher, chk *ordercheck.Checker, keys []string, msgs int) {
+	t.Helper()
+	var results []*pubsub.PublishResult
+	for i := range msgs {
+		for _, key := range keys {
+			results = append(results, p.Publish(context.Background(), &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+			chk.Published(key, i)
+		}
+	}
+	for _, r := range results {
+		if _, err := r.Get(context.Background()); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	}
+}
+
+// checkedGoHandler is a Go client handler that reports every delivery of
+// sub to chk and nacks every nackEvery-th one it gets (0: none), acking the
+// rest.
+func checkedGoHandler(chk *ordercheck.Checker, sub string, nackEvery int) func(context.Context, *pubsub.Message) {
+	var mu sync.Mutex
+	count := 0
+	return func(_ context.Context, m *pubsub.Message) {
+		key, idx, err := ordercheck.Decode(m.Data)
+		if err != nil || key != m.OrderingKey {
+			chk.Fail("%s: undecodable delivery %q (key %q): %v", sub, m.Data, m.OrderingKey, err)
+			m.Ack()
+			return
+		}
+		chk.Delivered(sub, key, idx)
+		mu.Lock()
+		count++
+		nack := nackEvery > 0 && count%nackEvery == 0
+		mu.Unlock()
+		if nack {
+			chk.Released(sub, key, idx)
+			m.Nack()
+			return
+		}
+		chk.Acked(sub, key, idx)
+		m.Ack()
+	}
 }
 
 // publishGo publishes and waits for the id.

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -69,57 +68,23 @@ func TestSidecarOrderingCheckerGoClient(t *testing.T) {
 		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("checked"), EnableMessageOrdering: true})
 	}
 	chk := ordercheck.New()
-	handler := func(sub string) func(context.Context, *pubsub.Message) {
-		var n sync.Mutex
-		count := 0
-		return func(_ context.Context, m *pubsub.Message) {
-			key, idx, err := ordercheck.Decode(m.Data)
-			if err != nil || key != m.OrderingKey {
-				chk.Fail("%s: undecodable delivery %q (key %q): %v", sub, m.Data, m.OrderingKey, err)
-				m.Ack()
-				return
-			}
-			chk.Delivered(sub, key, idx)
-			n.Lock()
-			count++
-			nack := count%17 == 0
-			n.Unlock()
-			if nack {
-				chk.Released(sub, key, idx)
-				m.Nack()
-				return
-			}
-			chk.Acked(sub, key, idx)
-			m.Ack()
-		}
-	}
 	for _, cl := range []*pubsub.Client{c, sc.goClient()} {
 		s := cl.Subscriber("sub-a")
 		s.ReceiveSettings.NumGoroutines = 2
-		receiveGo(t, s, handler("sub-a"))
+		receiveGo(t, s, checkedGoHandler(chk, "sub-a", 17))
 	}
-	receiveGo(t, c.Subscriber("sub-b"), handler("sub-b"))
+	receiveGo(t, c.Subscriber("sub-b"), checkedGoHandler(chk, "sub-b", 17))
 
 	pub := c.Publisher("checked")
 	pub.EnableMessageOrdering = true
 	defer pub.Stop()
 	const keys, msgs = 32, 30
-	var results []*pubsub.PublishResult
-	for i := range msgs {
-		for k := 0; k <= keys; k++ {
-			key := fmt.Sprintf("key-%d.%s", k, strings.Repeat(">", k%3))
-			if k == keys {
-				key = ""
-			}
-			results = append(results, pub.Publish(context.Background(), &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
-			chk.Published(key, i)
-		}
+	var names []string // 32 keys, some with bytes a NATS subject cannot hold as they are, and unkeyed
+	for k := range keys {
+		names = append(names, fmt.Sprintf("key-%d.%s", k, strings.Repeat(">", k%3)))
 	}
-	for _, r := range results {
-		if _, err := r.Get(context.Background()); err != nil {
-			t.Fatalf("publish: %v", err)
-		}
-	}
+	names = append(names, "")
+	publishCheckedGo(t, pub, chk, names, msgs)
 	testutil.Eventually(t, 90*time.Second, func() bool { return chk.Complete("sub-a") && chk.Complete("sub-b") },
 		"not everything acked: sub-a: %s; sub-b: %s", func() string { return chk.Missing("sub-a") }, func() string { return chk.Missing("sub-b") })
 	if v := chk.Violations(); len(v) > 0 {
@@ -645,37 +610,18 @@ func TestSidecarRestartLosesNothing(t *testing.T) {
 	pub := c.Publisher("durable")
 	pub.EnableMessageOrdering = true
 	chk := ordercheck.New()
-	const keys, msgs = 8, 25
-	var results []*pubsub.PublishResult
-	for i := range msgs {
-		for k := range keys {
-			key := fmt.Sprintf("k%d", k)
-			results = append(results, pub.Publish(context.Background(), &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
-			chk.Published(key, i)
-		}
+	var keys []string
+	for k := range 8 {
+		keys = append(keys, fmt.Sprintf("k%d", k))
 	}
-	for _, r := range results {
-		if _, err := r.Get(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publishCheckedGo(t, pub, chk, keys, 25)
 	pub.Stop()
 	_ = c.Close()
 	sc.stop()
 
 	sc = startSidecar(t, sidecar.Config{DataDir: dir})
 	c = sc.goClient()
-	receiveGo(t, c.Subscriber("durable-sub"), func(_ context.Context, m *pubsub.Message) {
-		key, idx, err := ordercheck.Decode(m.Data)
-		if err != nil {
-			chk.Fail("undecodable %q", m.Data)
-			m.Ack()
-			return
-		}
-		chk.Delivered("durable-sub", key, idx)
-		chk.Acked("durable-sub", key, idx)
-		m.Ack()
-	})
+	receiveGo(t, c.Subscriber("durable-sub"), checkedGoHandler(chk, "durable-sub", 0))
 	testutil.Eventually(t, 60*time.Second, func() bool { return chk.Complete("durable-sub") }, "missing after restart: %s",
 		func() string { return chk.Missing("durable-sub") })
 	if v := chk.Violations(); len(v) > 0 {
