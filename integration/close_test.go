@@ -66,13 +66,7 @@ func TestCloseEndsReceive(t *testing.T) {
 				t.Fatalf("Close took %v, want under 500ms", took)
 			}
 			// Receive's work is done: all that is left is its return.
-			rerr, ok := r.wait(time.Second)
-			if !ok {
-				t.Fatal("Receive did not return at once after Close")
-			}
-			if !errors.Is(rerr, adapter.ErrClosed) {
-				t.Fatalf("Receive returned %v, want ErrClosed", rerr)
-			}
+			r.wantClosed(t, time.Second)
 			if err := sub.Receive(context.Background(), func(context.Context, *adapter.Message) {}); !errors.Is(err, adapter.ErrClosed) {
 				t.Fatalf("Receive after Close: %v, want ErrClosed", err)
 			}
@@ -143,20 +137,13 @@ func TestCloseTwice(t *testing.T) {
 	topic := e.createTopic("twice")
 	sub := e.createSub("twice-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
 	got := make(chan struct{}, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	ended := make(chan struct{}) // closed once Receive has returned rerr
-	var rerr error
-	go func() {
-		defer close(ended)
-		rerr = sub.Receive(ctx, func(_ context.Context, m *adapter.Message) {
-			m.Ack()
-			select {
-			case got <- struct{}{}:
-			default:
-			}
-		})
-	}()
-	t.Cleanup(func() { cancel(); <-ended })
+	r := startReceive(t, sub, func(_ context.Context, m *adapter.Message) {
+		m.Ack()
+		select {
+		case got <- struct{}{}:
+		default:
+		}
+	})
 	publish(t, topic, "one", "k")
 	select {
 	case <-got:
@@ -179,14 +166,7 @@ func TestCloseTwice(t *testing.T) {
 			t.Fatal("concurrent Close did not return")
 		}
 	}
-	select {
-	case <-ended:
-	case <-time.After(time.Second):
-		t.Fatal("Receive did not return at once after Close")
-	}
-	if !errors.Is(rerr, adapter.ErrClosed) {
-		t.Fatalf("Receive returned %v, want ErrClosed", rerr)
-	}
+	r.wantClosed(t, time.Second)
 	if err := e.client.Close(); err != nil {
 		t.Fatalf("Close again: %v", err)
 	}
@@ -220,13 +200,7 @@ func TestCloseFromHandler(t *testing.T) {
 			case <-time.After(20 * time.Second):
 				t.Fatal("Close in a handler did not return (or no delivery)")
 			}
-			err, ok := r.wait(20 * time.Second)
-			if !ok {
-				t.Fatal("Receive did not return after Close in its handler")
-			}
-			if !errors.Is(err, adapter.ErrClosed) {
-				t.Fatalf("Receive returned %v, want ErrClosed", err)
-			}
+			r.wantClosed(t, 20*time.Second)
 			if err := e.client.Close(); err != nil {
 				t.Fatalf("Close after: %v", err)
 			}
@@ -267,10 +241,7 @@ func TestCloseTimeout(t *testing.T) {
 		t.Fatalf("Close took %v, want about 300ms", took)
 	}
 	close(release)
-	rerr, ok := r.wait(20 * time.Second)
-	if !ok || !errors.Is(rerr, adapter.ErrClosed) {
-		t.Fatalf("Receive returned %v (returned: %v), want ErrClosed", rerr, ok)
-	}
+	r.wantClosed(t, 20*time.Second)
 	if err := e.client.Close(); err != nil {
 		t.Fatalf("Close once the handler returned: %v", err)
 	}

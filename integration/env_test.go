@@ -145,6 +145,19 @@ func (r *receiving) wait(timeout time.Duration) (error, bool) {
 	}
 }
 
+// wantClosed waits up to timeout for Receive to end by itself (the client
+// was closed) and fails the test unless it returned ErrClosed.
+func (r *receiving) wantClosed(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	err, ok := r.wait(timeout)
+	switch {
+	case !ok:
+		t.Fatalf("Receive did not return within %v after Close", timeout)
+	case !errors.Is(err, adapter.ErrClosed):
+		t.Fatalf("Receive returned %v, want ErrClosed", err)
+	}
+}
+
 // recorder collects delivered payloads in order, safe for handlers.
 type recorder struct {
 	mu   sync.Mutex
