@@ -197,41 +197,37 @@ func TestPartitionOwnerDiesWithMessageInHandler(t *testing.T) {
 	}
 }
 
-// TestPartitionTakeOverFromGoneOwner: as above, with a long ack deadline
-// and failover timeout. B sees that A, the recorded owner, is gone (no
-// responder on its presence subject): it unpins the partition and nacks
-// A's unacked messages, so held|0 comes back to it within a second or two,
-// not after the pin's TTL (10 s) or held|0's ack deadline (60 s), and the
-// fence still keeps held|1 behind it.
-func TestPartitionTakeOverFromGoneOwner(t *testing.T) {
-	f := newFailoverWith(t, time.Minute, 10*time.Second)
-	killed := time.Now()
-	f.ncA.Close()
-	f.publishOthers(t, 3)
-	testutil.Eventually(t, 5*time.Second, func() bool { _, ok := f.log.ackedAt("held", 1); return ok },
-		"held|1 not acked within 5 s of A's death (pin TTL 10 s, ack deadline 60 s): %s", f.log.String)
-	f.checkHeldOrder(t, killed)
-	if zero, ok := f.log.first("B", "held", 0); !ok || zero.attempt < 2 {
-		t.Fatalf("B did not get held|0 back (got it: %v, attempt %d):\n%s", ok, zero.attempt, f.log)
-	}
-}
-
-// TestPerKeyTakeOverFromGoneReceiver is TestPartitionTakeOverFromGoneOwner
-// in per-key delivery. A holds the discovery lease and held|0; when A is
-// gone, B takes the lease over and, finding A's member record without a
-// presence, hands back what no live receiver holds: held|0 comes back to B
-// within a second or two instead of at its ack deadline (60 s), and held|1
-// (held back by the key's consumer) follows it.
-func TestPerKeyTakeOverFromGoneReceiver(t *testing.T) {
-	f := newFailoverIn(t, adapter.DeliveryPerKey, time.Minute, 10*time.Second)
-	killed := time.Now()
-	f.ncA.Close()
-	f.publishOthers(t, 3)
-	testutil.Eventually(t, 5*time.Second, func() bool { _, ok := f.log.ackedAt("held", 1); return ok },
-		"held|1 not acked within 5 s of A's death (lease TTL 6 s, ack deadline 60 s): %s", f.log.String)
-	f.checkHeldOrder(t, killed)
-	if zero, ok := f.log.first("B", "held", 0); !ok || zero.attempt < 2 {
-		t.Fatalf("B did not get held|0 back (got it: %v, attempt %d):\n%s", ok, zero.attempt, f.log)
+// TestTakeOverFromGone: as above, with a long ack deadline (60 s) and
+// failover timeout (10 s), in both delivery modes. A receiver that is gone
+// (no responder on its presence subject) is taken over at once: held|0
+// comes back to B within a second or two, not after the pin's TTL or
+// held|0's ack deadline, and held|1 still waits for it.
+//   - partitioned: B sees that A, the partition's recorded owner, is gone,
+//     unpins the partition and nacks A's unacked messages; the fence keeps
+//     held|1 behind held|0.
+//   - per-key: A holds the discovery lease; B takes the lease over and,
+//     finding A's member record without a presence, hands back what no
+//     live receiver holds; the key's consumer keeps held|1 behind held|0.
+func TestTakeOverFromGone(t *testing.T) {
+	for _, tc := range []struct {
+		delivery adapter.DeliveryMode
+		waits    string // what A's death would otherwise wait for
+	}{
+		{adapter.DeliveryPartitioned, "pin TTL 10 s, ack deadline 60 s"},
+		{adapter.DeliveryPerKey, "lease TTL 6 s, ack deadline 60 s"},
+	} {
+		t.Run(string(tc.delivery), func(t *testing.T) {
+			f := newFailoverIn(t, tc.delivery, time.Minute, 10*time.Second)
+			killed := time.Now()
+			f.ncA.Close()
+			f.publishOthers(t, 3)
+			testutil.Eventually(t, 5*time.Second, func() bool { _, ok := f.log.ackedAt("held", 1); return ok },
+				"held|1 not acked within 5 s of A's death (%s): %s", tc.waits, f.log.String)
+			f.checkHeldOrder(t, killed)
+			if zero, ok := f.log.first("B", "held", 0); !ok || zero.attempt < 2 {
+				t.Fatalf("B did not get held|0 back (got it: %v, attempt %d):\n%s", ok, zero.attempt, f.log)
+			}
+		})
 	}
 }
 
