@@ -501,3 +501,56 @@ func TestSidecarHealthAndReflection(t *testing.T) {
 		}
 	}
 }
+
+// With jetorder-ordering: pipelined, a key's next message reaches Google's
+// Go client once the client's handler of the previous one has returned,
+// acked or not, as the service sends them. pstest keeps to stop-and-wait
+// whatever the labels: the next message comes once the previous one is
+// acked. Both deliver the key in order.
+func TestParityPipelinedOrdering(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		c := b.client
+		mustCreateTopic(t, c, "pipe-parity")
+		mustCreateSub(t, c, &pb.Subscription{Name: subPath("pipe-parity-sub"), Topic: topicPath("pipe-parity"),
+			EnableMessageOrdering: true, AckDeadlineSeconds: 60, Labels: pipelinedLabels})
+		pub := c.Publisher("pipe-parity")
+		pub.EnableMessageOrdering = true
+		defer pub.Stop()
+		for _, d := range []string{"m0", "m1", "m2"} {
+			publishGo(t, pub, d, "k")
+		}
+		got := make(chan *pubsub.Message, 10)
+		receiveGo(t, c.Subscriber("pipe-parity-sub"), func(_ context.Context, m *pubsub.Message) { got <- m }) // acked below
+		next := func(want string) *pubsub.Message {
+			t.Helper()
+			select {
+			case m := <-got:
+				if string(m.Data) != want {
+					t.Fatalf("%s delivered %q, want %q", b.name, m.Data, want)
+				}
+				return m
+			case <-time.After(15 * time.Second):
+				t.Fatalf("%s: %s not delivered within 15s", b.name, want)
+			}
+			return nil
+		}
+		m0 := next("m0")
+		if b.fake {
+			// What is asserted is an absence: the one wait of this test.
+			select {
+			case m := <-got:
+				t.Fatalf("pstest delivered %q while m0 was unacked", m.Data)
+			case <-time.After(time.Second):
+			}
+			m0.Ack()
+			next("m1").Ack()
+			next("m2").Ack()
+			return
+		}
+		m1 := next("m1") // m0 not acked yet: its handler has returned
+		m2 := next("m2")
+		m0.Ack()
+		m1.Ack()
+		m2.Ack()
+	})
+}
