@@ -162,7 +162,8 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 // the server has it, and the key waits); elsewhere the delivery stays held
 // until its handler returns, and if the ack was lost the message comes
 // back after its deadline. A later call sends the ack again: acking twice
-// is harmless.
+// is harmless. Under pipelined ordering it acks as Ack does, in its key's
+// order, without waiting for the confirmation.
 func (d *delivery) ackConfirmed(ctx context.Context) error {
 	r := d.r
 	if r.pipelined && d.home.confirmsAcks() {
@@ -171,6 +172,13 @@ func (d *delivery) ackConfirmed(ctx context.Context) error {
 		d.finish(ackAck)
 		if d.outcome != ackAck {
 			return fmt.Errorf("%w: it was handed back first", ErrAckInvalid)
+		}
+		select {
+		case <-d.revokedC:
+			// Revoked (an earlier message of its key was nacked) before its
+			// ack could go: the partition nacks it instead.
+			return fmt.Errorf("%w: it was handed back first", ErrAckInvalid)
+		default:
 		}
 		return nil
 	}

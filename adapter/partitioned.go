@@ -694,7 +694,7 @@ func (m *partitionedMode) confirmAcks() {
 		failing = false
 		now := time.Now()
 		for i, d := range batch {
-			recent.add(d.reply, now)
+			recent.add(d.reply, d.acked, now)
 			d.home.release(d, true)
 			batch[i] = nil
 		}
@@ -702,14 +702,19 @@ func (m *partitionedMode) confirmAcks() {
 	}
 }
 
-// recentAcks are the reply subjects of the acks confirmed in the last
-// recentAckAge (at most recentAckCap of them), oldest first: what a server
-// that restarted after a crash may have lost. The live ones are
-// subjects[head:]; the slices are compacted once half of them is dead.
+// recentAcks are the acks (and terms) confirmed in the last recentAckAge
+// (at most recentAckCap of them), oldest first: what a server that
+// restarted after a crash may have lost. The live ones are acks[head:];
+// the slice is compacted once half of it is dead.
 type recentAcks struct {
-	subjects []string
-	at       []time.Time
-	head     int
+	acks []recentAck
+	head int
+}
+
+type recentAck struct {
+	subject string // the message's reply subject
+	kind    ackKind
+	at      time.Time
 }
 
 const (
@@ -719,39 +724,38 @@ const (
 	recentAckCap = 1 << 15
 )
 
-func (a *recentAcks) add(subject string, now time.Time) {
+func (a *recentAcks) add(subject string, kind ackKind, now time.Time) {
 	a.prune(now, a.len()-recentAckCap+1)
-	a.subjects = append(a.subjects, subject)
-	a.at = append(a.at, now)
+	a.acks = append(a.acks, recentAck{subject, kind, now})
 }
 
-func (a *recentAcks) len() int { return len(a.subjects) - a.head }
+func (a *recentAcks) len() int { return len(a.acks) - a.head }
 
 // live is the acks kept, oldest first.
-func (a *recentAcks) live() []string { return a.subjects[a.head:] }
+func (a *recentAcks) live() []recentAck { return a.acks[a.head:] }
 
 // prune forgets the acks older than recentAckAge, and at least the oldest
 // atLeast.
 func (a *recentAcks) prune(now time.Time, atLeast int) {
 	end := a.head + max(atLeast, 0)
-	for end < len(a.at) && now.Sub(a.at[end]) > recentAckAge {
+	for end < len(a.acks) && now.Sub(a.acks[end].at) > recentAckAge {
 		end++
 	}
-	clear(a.subjects[a.head:end])
+	clear(a.acks[a.head:end])
 	a.head = end
-	if a.head > len(a.subjects)/2 {
-		a.subjects = slices.Delete(a.subjects, 0, a.head)
-		a.at = slices.Delete(a.at, 0, a.head)
+	if a.head > len(a.acks)/2 {
+		a.acks = slices.Delete(a.acks, 0, a.head)
 		a.head = 0
 	}
 }
 
-// resend sends the recent acks again, oldest first, and returns how many.
-// An ack the server has already is ignored by it.
+// resend sends the recent acks again, each as it was (an ack or a term),
+// oldest first, and returns how many. One the server has already is
+// ignored by it.
 func (a *recentAcks) resend(nc *nats.Conn, now time.Time) int {
 	a.prune(now, 0)
-	for _, s := range a.live() {
-		_ = nc.Publish(s, ackPayload[ackAck])
+	for _, e := range a.live() {
+		_ = nc.Publish(e.subject, ackPayload[e.kind])
 	}
 	return a.len()
 }

@@ -8,29 +8,40 @@ import (
 )
 
 // The acks a reconnect sends again are those confirmed within
-// recentAckAge, at most recentAckCap of them, oldest first.
+// recentAckAge, at most recentAckCap of them, oldest first, each of its
+// kind (a term stays a term).
 func TestRecentAcksKeepsTheLatest(t *testing.T) {
+	subjects := func(a *recentAcks) []string {
+		var out []string
+		for _, e := range a.live() {
+			out = append(out, e.subject)
+		}
+		return out
+	}
 	var a recentAcks
 	t0 := time.Unix(1000, 0)
-	a.add("old", t0)
-	a.add("older-than-age-soon", t0.Add(time.Second))
+	a.add("old", ackAck, t0)
+	a.add("older-than-age-soon", ackTerm, t0.Add(time.Second))
 	now := t0.Add(recentAckAge + 500*time.Millisecond)
-	a.add("new", now)
-	if want := []string{"older-than-age-soon", "new"}; !slices.Equal(a.live(), want) {
-		t.Fatalf("after an ack older than %v: %q, want %q", recentAckAge, a.live(), want)
+	a.add("new", ackAck, now)
+	if want := []string{"older-than-age-soon", "new"}; !slices.Equal(subjects(&a), want) {
+		t.Fatalf("after an ack older than %v: %q, want %q", recentAckAge, subjects(&a), want)
+	}
+	if k := a.live()[0].kind; k != ackTerm {
+		t.Fatalf("a term kept as kind %v, want ackTerm", k)
 	}
 	a.prune(now.Add(recentAckAge), 0)
-	if want := []string{"new"}; !slices.Equal(a.live(), want) {
-		t.Fatalf("pruned %v later: %q, want %q", recentAckAge, a.live(), want)
+	if want := []string{"new"}; !slices.Equal(subjects(&a), want) {
+		t.Fatalf("pruned %v later: %q, want %q", recentAckAge, subjects(&a), want)
 	}
 
 	a = recentAcks{}
 	for i := range recentAckCap + 10 {
-		a.add(fmt.Sprint(i), t0)
+		a.add(fmt.Sprint(i), ackAck, t0)
 	}
-	live := a.live()
-	if len(live) != recentAckCap || len(a.at)-a.head != recentAckCap {
-		t.Fatalf("%d subjects, %d times kept, want %d", len(live), len(a.at)-a.head, recentAckCap)
+	live := subjects(&a)
+	if len(live) != recentAckCap || a.len() != recentAckCap {
+		t.Fatalf("%d subjects kept (len %d), want %d", len(live), a.len(), recentAckCap)
 	}
 	if live[0] != "10" || live[recentAckCap-1] != fmt.Sprint(recentAckCap+9) {
 		t.Fatalf("kept %s..%s, want the newest: 10..%d", live[0], live[recentAckCap-1], recentAckCap+9)

@@ -401,6 +401,10 @@ func newChaosDiag(t *testing.T, natsAddr string) *chaosDiag {
 	if d.dir == "" {
 		return d
 	}
+	d.dir = filepath.Join(d.dir, t.Name()) // each chaos test's files apart
+	if err := os.MkdirAll(d.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	f, err := os.Create(filepath.Join(d.dir, "trace.log"))
 	if err != nil {
 		t.Fatal(err)

@@ -181,11 +181,18 @@ func TestPipelinedReceiverCrashMidWindow(t *testing.T) {
 	out := make(chan *adapter.Message, n)
 	subA := cA.Subscription(sub)
 	subA.ReceiveSettings.Ordering = adapter.PipelinedOrdering
-	startReceive(t, subA, func(_ context.Context, m *adapter.Message) {
-		key, idx, _ := ordercheck.Decode(m.Data)
+	startReceive(t, subA, func(ctx context.Context, m *adapter.Message) {
+		key, idx, err := ordercheck.Decode(m.Data)
+		if err != nil {
+			chk.Fail("A: undecodable delivery %q: %v", m.Data, err)
+			return
+		}
 		chk.Delivered(sub, key, idx)
 		chk.Released(sub, key, idx) // returns unacked: the key's next may start
-		out <- m
+		select {
+		case out <- m:
+		case <-ctx.Done(): // a copy beyond the ten, as Receive ends
+		}
 	})
 	for i := range n {
 		chk.Published("k", i)
