@@ -139,10 +139,14 @@ func TestPipelinedOrderingCheckerGoClient(t *testing.T) {
 		Labels: pipelinedLabels})
 	chk := ordercheck.NewPipelined()
 	const sub = "pipe-checked-sub"
+	var stops []func()
 	for _, cl := range []*pubsub.Client{c, sc.goClient()} {
 		s := cl.Subscriber(sub)
 		s.ReceiveSettings.NumGoroutines = 2
-		receiveGo(t, s, checkedGoHandler(chk, sub, 23))
+		// Leases of 10 s, not the client's 60: the messages the stopped
+		// client leaves unsettled come back when their leases run out.
+		s.ReceiveSettings.MaxDurationPerAckExtension = 10 * time.Second
+		stops = append(stops, receiveGo(t, s, checkedGoHandler(chk, sub, 23)))
 	}
 	pub := c.Publisher("pipe-checked")
 	pub.EnableMessageOrdering = true
@@ -153,6 +157,11 @@ func TestPipelinedOrderingCheckerGoClient(t *testing.T) {
 	}
 	names = append(names, "")
 	publishCheckedGo(t, pub, chk, names, 60)
+	// The second client stops mid-run: its streams end with keys' windows
+	// out on them, which wait for those leases before going to the first.
+	testutil.Eventually(t, 60*time.Second, func() bool { return chk.Stats(sub).Acks >= len(names)*60/3 },
+		"a third never acked: %s", func() string { return chk.Missing(sub) })
+	stops[1]()
 	testutil.Eventually(t, 90*time.Second, func() bool { return chk.Complete(sub) },
 		"not everything acked: %s", func() string { return chk.Missing(sub) })
 	if v := chk.Violations(); len(v) > 0 {
