@@ -78,6 +78,7 @@ type clientConfig struct {
 	ackTimeout   time.Duration
 	closeTimeout time.Duration
 	createWorker int
+	durable      func(context.Context) error
 }
 
 // Option configures a Client.
@@ -144,6 +145,19 @@ func WithPublishAckTimeout(d time.Duration) Option {
 		c.ackTimeout = d
 		return nil
 	}
+}
+
+// WithDurableSync makes every publish result wait, after the server's
+// acknowledgement, until sync has returned: sync must make everything the
+// server wrote before the call durable (an embedded server's group commit).
+// A JetStream acknowledgement alone means the message is in the server's
+// memory, on disk only after the server's next fsync (every 2 minutes by
+// default), unless the server runs with sync_interval: always. One sync
+// covers every batch acknowledged since the last, and a key's next batch
+// is sent once its previous one is durable, so a power cut can lose a
+// suffix of a key's unacknowledged messages but never leave a gap.
+func WithDurableSync(sync func(context.Context) error) Option {
+	return func(c *clientConfig) error { c.durable = sync; return nil }
 }
 
 // WithCloseTimeout sets how long Close waits for the client's Receive calls

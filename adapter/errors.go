@@ -72,6 +72,10 @@ var (
 	// messages or bytes are at their limit and the limit is set to fail
 	// rather than block.
 	ErrFlowControlLimit = errors.New("publish flow control limit reached")
+	// ErrNotDurable fails a publish that the server acknowledged but whose
+	// sync to stable storage (WithDurableSync) failed: the message may be
+	// stored, and may be lost in a power cut. Its key is paused.
+	ErrNotDurable = errors.New("publish not confirmed on stable storage")
 )
 
 // The ordering key and name errors are keyrouter's; they are re-exported so

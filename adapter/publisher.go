@@ -220,19 +220,53 @@ func (p *publisher) ackLoop() {
 			return
 		}
 		p.mu.Unlock()
+		firsts := make([]int, len(sent))
 		for i, s := range sent {
-			first := s.await()
+			firsts[i] = s.await()
 			p.t.c.publishWindow.Release(s.window)
-			if first < 0 {
+		}
+		// One sync for every batch of the run: group commit.
+		durableErr := p.durable()
+		for i, s := range sent {
+			first := firsts[i]
+			switch {
+			case durableErr != nil:
+				p.fail(s.b, s.items, repeatErr(durableErr, len(s.items)), durableErr)
+			case first < 0:
 				p.complete(s.items, nil)
 				p.queues.finish(s.b, nil)
-			} else {
+			default:
 				p.complete(s.items[:first], nil)
 				go p.retry(s.b, s.items[first:], s.errs[first:], s.deadline)
 			}
 			sent[i] = nil
 		}
 	}
+}
+
+// durable waits until what the server acknowledged so far is on stable
+// storage, when the client was given a way to know (WithDurableSync). Its
+// error fails the messages it covers: they are stored, but nobody can
+// promise they survive a power cut.
+func (p *publisher) durable() error {
+	sync := p.t.c.cfg.durable
+	if sync == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout)
+	defer cancel()
+	if err := sync(ctx); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotDurable, err)
+	}
+	return nil
+}
+
+func repeatErr(err error, n int) []error {
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
 }
 
 // retry ends a batch whose messages items failed with errs, in order: a
@@ -258,6 +292,10 @@ func (p *publisher) retry(b *batch, items []*pubItem, errs []error, deadline tim
 		s := p.publish(items, &sent, deadline)
 		first := s.await()
 		p.t.c.publishWindow.Release(s.window)
+		if err := p.durable(); err != nil {
+			p.fail(b, items, repeatErr(err, len(items)), err)
+			return
+		}
 		if first < 0 {
 			p.complete(items, nil)
 			break

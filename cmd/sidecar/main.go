@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/embedded"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 	"github.com/jetorder/jetorder/internal/push"
 	"github.com/jetorder/jetorder/internal/sidecar"
@@ -68,6 +69,8 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	str(&c.TLSCert, "tls-cert", "", "certificate file: serve the gRPC and HTTP APIs over TLS")
 	str(&c.TLSKey, "tls-key", "", "private key file for --tls-cert")
 	str(&c.DataDir, "data-dir", "./data", "JetStream store of the embedded nats-server")
+	var syncPolicy string
+	str(&syncPolicy, "sync", string(embedded.SyncGroup), `when the embedded server's writes reach disk before callers hear of them: "group" (group commit: every publish result and every created resource waits for a shared fsync), "always" (the server fsyncs each write; slower) or "lazy" (JetStream's default, a background fsync every 2 minutes: fastest, but a power cut or OS crash loses acknowledged publishes, topics and subscriptions written since)`)
 	str(&c.NATSListen, "nats-listen", "", "also expose the embedded server's client port, e.g. 127.0.0.1:4222 (default: off)")
 	str(&c.NATSURL, "nats-url", "", "use this NATS server or cluster (comma-separated URLs) instead of the embedded one")
 	str(&c.NATSCreds, "nats-creds", "", "credentials (JWT) file for --nats-url")
@@ -136,6 +139,11 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 		c.Ordering = pubsubapi.Ordering(ordering)
 	default:
 		err = errors.Join(err, fmt.Errorf("--ordering %q: want strict or pipelined", ordering))
+	}
+	if p, e := embedded.ParseSyncPolicy(syncPolicy); e != nil {
+		err = errors.Join(err, fmt.Errorf("--sync %q: want group, always or lazy", syncPolicy))
+	} else {
+		c.Sync = p
 	}
 	c.Replicas = positive("replicas", replicas)
 	c.MaxOutstandingMessages = positive("max-outstanding-messages", maxOutstanding)

@@ -43,6 +43,9 @@ type Config struct {
 	// warnings and errors at theirs. Nil discards it; a fatal error ends
 	// Start with it either way.
 	Logger *slog.Logger
+	// Sync is when writes reach stable storage: SyncGroup (the default,
+	// with "" meaning it), SyncAlways or SyncLazy.
+	Sync SyncPolicy
 	// Configure, if set, changes the options last, before the server is
 	// created: authentication, TLS, operator mode and anything else the
 	// fields above do not cover.
@@ -57,7 +60,9 @@ type Config struct {
 // Server is a running embedded nats-server.
 type Server struct {
 	*server.Server
-	lock *storeLock
+	lock   *storeLock
+	policy SyncPolicy
+	syncer *groupSyncer // nil unless policy is SyncGroup
 }
 
 // Start starts one JetStream-enabled node and waits until it accepts
@@ -81,6 +86,10 @@ func Start(cfg Config) (*Server, error) {
 	}
 	if err := checkStoreDir(cfg.StoreDir); err != nil {
 		return nil, err
+	}
+	policy, err := ParseSyncPolicy(string(cfg.Sync))
+	if err != nil {
+		return nil, fmt.Errorf("embedded: %w", err)
 	}
 	lock, err := lockStore(cfg.StoreDir)
 	if err != nil {
@@ -113,6 +122,7 @@ func Start(cfg Config) (*Server, error) {
 		// this large are "generally discouraged" (logBridge lowers that
 		// warning to debug: it is this setting's, not the operator's).
 		MaxPayload: MaxPayload,
+		SyncAlways: policy == SyncAlways,
 	}
 	if cfg.clusterName != "" {
 		opts.Cluster = server.ClusterOpts{
@@ -148,7 +158,11 @@ func Start(cfg Config) (*Server, error) {
 		}
 	}
 	started = true
-	return &Server{Server: s, lock: lock}, nil
+	es := &Server{Server: s, lock: lock, policy: policy}
+	if policy == SyncGroup {
+		es.syncer = newGroupSyncer(cfg.StoreDir)
+	}
+	return es, nil
 }
 
 // Shutdown stops the server, waits until it has stopped, and lets another

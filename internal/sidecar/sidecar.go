@@ -45,7 +45,11 @@ type Config struct {
 	// TLSCert and TLSKey, when set, serve both APIs over TLS.
 	TLSCert, TLSKey string
 
-	DataDir    string // the embedded server's JetStream store
+	DataDir string // the embedded server's JetStream store
+	// Sync is when the embedded server's writes reach stable storage
+	// before callers hear of them: embedded.SyncGroup ("" means it),
+	// SyncAlways or SyncLazy (docs/RELIABILITY.md, "Power cuts").
+	Sync       embedded.SyncPolicy
 	NATSListen string // also expose the embedded server's client port
 	NATSURL    string // use this NATS server or cluster instead
 
@@ -206,8 +210,16 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 
 	reg := metrics.New()
 	// A client's Close waits no longer than the whole shutdown may take.
-	s.b = broker.New(s.nc, log, reg, adapter.WithLogger(log), adapter.WithReplicas(max(cfg.Replicas, 1)),
-		adapter.WithCloseTimeout(cfg.ShutdownTimeout))
+	aopts := []adapter.Option{adapter.WithLogger(log), adapter.WithReplicas(max(cfg.Replicas, 1)),
+		adapter.WithCloseTimeout(cfg.ShutdownTimeout)}
+	// Under group commit, acknowledgements wait for the embedded server's
+	// sync; under the other policies there is nothing to wait for.
+	var durable func(context.Context) error
+	if s.srv != nil && s.srv.SyncPolicy() == embedded.SyncGroup {
+		durable = s.srv.Sync
+		aopts = append(aopts, adapter.WithDurableSync(durable))
+	}
+	s.b = broker.New(s.nc, log, reg, aopts...)
 	s.b.BucketReplicas = max(cfg.Replicas, 1)
 	schemas := pubsubapi.NewSchemaServer(s.b.Conn(), max(cfg.Replicas, 1), log)
 	s.api = pubsubapi.New(s.b, pubsubapi.Config{
@@ -236,6 +248,9 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		grpc.ChainUnaryInterceptor(logUnary(log)),
 		grpc.ChainStreamInterceptor(logStream(log)),
 	}
+	if durable != nil {
+		gopts = append(gopts, grpc.ChainUnaryInterceptor(syncUnary(durable)))
+	}
 	if tlsConf != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsConf)))
 	}
@@ -249,18 +264,22 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 	reflection.Register(s.gs)
 
 	if s.hl != nil {
-		s.httpSrv = &http.Server{
-			Handler: logRequests(log, httpapi.New(httpapi.Config{
-				Broker:         s.b,
-				DefaultProject: cfg.Project,
-				Ready:          s.ready,
-				Logger:         log,
-				PubSub:         s.api, // the Pub/Sub REST API, over the gRPC server's methods
-				Status:         s.api.Status,
+		var api http.Handler = httpapi.New(httpapi.Config{
+			Broker:         s.b,
+			DefaultProject: cfg.Project,
+			Ready:          s.ready,
+			Logger:         log,
+			PubSub:         s.api, // the Pub/Sub REST API, over the gRPC server's methods
+			Status:         s.api.Status,
 
-				WebhookAllowedOrigins: cfg.WebhookAllowedOrigins,
-				WebhookAllowedRate:    cfg.WebhookAllowedRate,
-			})),
+			WebhookAllowedOrigins: cfg.WebhookAllowedOrigins,
+			WebhookAllowedRate:    cfg.WebhookAllowedRate,
+		})
+		if durable != nil {
+			api = syncHTTP(durable, api)
+		}
+		s.httpSrv = &http.Server{
+			Handler:           logRequests(log, api),
 			ReadHeaderTimeout: 10 * time.Second,
 			TLSConfig:         tlsConf,
 			// Failed handshakes and the like: to our log, not the standard one.
@@ -298,7 +317,7 @@ func (s *sidecar) serve(ctx context.Context, ready func(Listening)) error {
 
 	attrs := []any{"grpc", s.where.GRPC, "http", orOff(s.where.HTTP), "tls", s.tls}
 	if s.srv != nil {
-		attrs = append(attrs, "nats", "embedded", "data_dir", s.cfg.DataDir, "nats_listen", orOff(s.where.NATS))
+		attrs = append(attrs, "nats", "embedded", "data_dir", s.cfg.DataDir, "nats_listen", orOff(s.where.NATS), "sync", s.srv.SyncPolicy())
 	} else {
 		attrs = append(attrs, "nats", redactURLs(s.nc.ConnectedUrl()))
 	}
@@ -313,6 +332,12 @@ func (s *sidecar) serve(ctx context.Context, ready func(Listening)) error {
 	}
 	if s.srv != nil && s.where.NATS != "" && beyondLoopback(s.srv.Addr()) {
 		s.log.Warn("--nats-listen exposes the embedded nats-server, which has no authentication, beyond loopback", "nats_listen", s.where.NATS)
+	}
+	if s.srv != nil && s.srv.SyncPolicy() == embedded.SyncLazy {
+		s.log.Warn("--sync lazy: acknowledged publishes, topics and subscriptions written in the last 2 minutes are lost in a power cut or an operating system crash")
+	}
+	if s.srv == nil {
+		s.logExternalSync()
 	}
 	if ready != nil {
 		ready(s.where)
@@ -484,7 +509,7 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 		}),
 	}
 	if cfg.NATSURL == "" {
-		ecfg := embedded.Config{StoreDir: cfg.DataDir, NoListen: cfg.NATSListen == "", Logger: log}
+		ecfg := embedded.Config{StoreDir: cfg.DataDir, NoListen: cfg.NATSListen == "", Logger: log, Sync: cfg.Sync}
 		if cfg.NATSListen != "" {
 			host, port, err := net.SplitHostPort(cfg.NATSListen)
 			if err != nil {

@@ -1,0 +1,175 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// A caller is told a resource exists, or a change was made, only once the
+// embedded server's writes for it are on stable storage (docs/RELIABILITY.md,
+// "Power cuts"). Publishes are made durable by the adapter
+// (adapter.WithDurableSync), one sync per group of acknowledged batches; the
+// wrappers here cover everything else a caller changes: topics,
+// subscriptions, snapshots, schemas, push configs, seeks, DIDComm state.
+
+// readOnlyRPC reports whether a unary method changes nothing that must
+// survive a power cut: reads, and the consumer side (acks and deadlines may
+// roll back in a power cut: delivery is at least once). Publish is made
+// durable by the adapter itself.
+func readOnlyRPC(fullMethod string) bool {
+	name := fullMethod[strings.LastIndexByte(fullMethod, '/')+1:]
+	switch name {
+	case "Publish", "Pull", "Acknowledge", "ModifyAckDeadline", "TestIamPermissions", "Check", "Watch":
+		return true
+	}
+	for _, p := range []string{"Get", "List", "Validate", "ServerReflectionInfo"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// syncUnary makes every changing unary RPC wait for sync before it answers.
+func syncUnary(sync func(context.Context) error) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if err != nil || readOnlyRPC(info.FullMethod) {
+			return resp, err
+		}
+		if serr := sync(ctx); serr != nil {
+			return nil, status.Errorf(codes.Unavailable, "done, but not confirmed on stable storage: %v", serr)
+		}
+		return resp, nil
+	}
+}
+
+// syncHTTP makes every request that may change something (any method but
+// GET, HEAD and OPTIONS) wait for sync before its response starts.
+func syncHTTP(sync func(context.Context) error, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodGet, http.MethodHead, http.MethodOptions:
+			next.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(&syncingWriter{ResponseWriter: w, ctx: r.Context(), sync: sync}, r)
+	})
+}
+
+// syncingWriter syncs before the response's status line goes out: by then
+// the handler has done what the request asked.
+type syncingWriter struct {
+	http.ResponseWriter
+	ctx    context.Context
+	sync   func(context.Context) error
+	synced bool
+	failed bool // the sync failed: the handler's own response is dropped
+}
+
+func (w *syncingWriter) WriteHeader(code int) {
+	if w.synced {
+		if !w.failed {
+			w.ResponseWriter.WriteHeader(code)
+		}
+		return
+	}
+	w.synced = true
+	if code < 400 {
+		if err := w.sync(w.ctx); err != nil {
+			w.failed = true
+			http.Error(w.ResponseWriter, "done, but not confirmed on stable storage: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *syncingWriter) Write(b []byte) (int, error) {
+	if !w.synced {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.failed {
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the writer's Flush and
+// deadlines.
+func (w *syncingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// logExternalSync says at start-up what the sidecar can learn of an
+// external server's sync policy: a publish the server acknowledged is
+// durable only if every server that stores it runs with
+// sync_interval: always. Servers tell their configuration only to the
+// system account ($SYS.REQ.SERVER.PING.VARZ); without it the policy is
+// unknown.
+func (s *sidecar) logExternalSync() {
+	policies, err := externalSyncPolicies(s.nc, time.Second)
+	if err != nil || len(policies) == 0 {
+		s.log.Warn("external NATS: its sync policy is unknown to the sidecar (it needs the system account to ask); acknowledged publishes survive a power cut only if every server runs with sync_interval: always (docs/RELIABILITY.md)", "err", err)
+		return
+	}
+	lazy := 0
+	for name, always := range policies {
+		if !always {
+			lazy++
+			s.log.Warn("external NATS server does not sync every write: acknowledged publishes may be lost in a power cut; set sync_interval: always (docs/RELIABILITY.md)", "server", name)
+		}
+	}
+	if lazy == 0 {
+		s.log.Info("external NATS: every server that answered syncs every write (sync_interval: always)", "servers", len(policies))
+	}
+}
+
+// externalSyncPolicies asks every server that answers within wait whether
+// it runs with sync_interval: always, by server name.
+func externalSyncPolicies(nc *nats.Conn, wait time.Duration) (map[string]bool, error) {
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest("$SYS.REQ.SERVER.PING.VARZ", inbox, nil); err != nil {
+		return nil, err
+	}
+	policies := make(map[string]bool)
+	deadline := time.Now().Add(wait)
+	for {
+		m, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			if errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) {
+				return policies, nil
+			}
+			return policies, err
+		}
+		var resp struct {
+			Server struct {
+				Name string `json:"name"`
+			} `json:"server"`
+			Data struct {
+				JetStream struct {
+					Config *struct {
+						SyncAlways bool `json:"sync_always"`
+					} `json:"config"`
+				} `json:"jetstream"`
+			} `json:"data"`
+		}
+		if json.Unmarshal(m.Data, &resp) != nil || resp.Data.JetStream.Config == nil {
+			continue // not a JetStream server, or not an answer
+		}
+		policies[resp.Server.Name] = resp.Data.JetStream.Config.SyncAlways
+	}
+}
