@@ -8,6 +8,10 @@
 //   - publishing: Topic.Publish at 100 and 10,000 keys against raw async
 //     publish of the same messages, with and without the adapter's
 //     headers (the target is the ratio to raw with the headers);
+//   - publishing durably: each sync policy of the embedded server (lazy,
+//     group, always) on its own server, publish throughput and latency of
+//     the library and the sidecar beside raw JetStream made as durable
+//     (durability.go);
 //   - publish-to-handler latency, adapter and raw, at a steady rate;
 //   - the sidecar's Pub/Sub gRPC API with Google's Go client beside the
 //     adapter, 256 keys: delivery and publish messages/s, latency p50/p99;
@@ -62,7 +66,7 @@ var (
 	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
 	rounds      = flag.Int("rounds", 3, "rounds of baselines and adapter runs (key counts over 256 run once, in an extra last round)")
 	burstKeys   = flag.Int("burst", 10_000, "keys in the new-key burst run (0 skips it)")
-	runs        = flag.String("runs", "ordered,publish,burst,latency,didcomm,sidecar,pipelined,modes,status", "which runs to do, comma-separated")
+	runs        = flag.String("runs", "ordered,publish,durability,burst,latency,didcomm,sidecar,pipelined,modes,status", "which runs to do, comma-separated")
 )
 
 const project = "bench"
@@ -186,6 +190,9 @@ func main() {
 			}})
 		}
 		charts = append(charts, c)
+	}
+	if selected("durability") {
+		durability()
 	}
 	if selected("burst") && *burstKeys > 0 {
 		b.burst(*burstKeys)

@@ -1,0 +1,286 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/powercut"
+	"github.com/jetorder/jetorder/internal/testutil"
+)
+
+// Power cuts: the sidecar binary keeps its store on a powercut mount, which
+// passes writes through but drops every write never fsynced when it "cuts
+// the power". Each round: start the sidecar on what is left, check that
+// every topic and subscription it acknowledged is still there, create one
+// more topic, publish ordered messages through Google's Go client under
+// load, and at a random moment SIGKILL the sidecar and cut. At the end one
+// subscriber receives everything: no acknowledged publish may be missing,
+// and per key the first deliveries must be in publish order.
+//
+// With the default sync policy nothing acknowledged may be lost. The
+// negative control runs the same harness with --sync lazy and must lose
+// acknowledged messages: otherwise the harness proves nothing.
+//
+// JETORDER_POWERCUT_CUTS sets the number of cuts (default 3; the long run
+// in docs/RELIABILITY.md uses 20).
+func TestPowerCutDefaultLosesNothing(t *testing.T) {
+	r := powerCutRun(t, "", chaosEnv("JETORDER_POWERCUT_CUTS", 3))
+	t.Logf("%s", r)
+	if r.lost > 0 || len(r.missingResources) > 0 || len(r.violations) > 0 {
+		t.Fatalf("with the default sync policy: %d acknowledged messages lost (first: %s), resources missing: %v, order violations: %v",
+			r.lost, r.firstLost, r.missingResources, r.violations)
+	}
+	if r.acked == 0 || r.rolledBack.Bytes == 0 {
+		t.Fatalf("the run proves nothing: %d messages acknowledged, %d bytes rolled back", r.acked, r.rolledBack.Bytes)
+	}
+}
+
+func TestPowerCutLazyLosesMessages(t *testing.T) {
+	r := powerCutRun(t, "lazy", 1)
+	t.Logf("negative control, --sync lazy: %s", r)
+	if r.lost == 0 && len(r.missingResources) == 0 {
+		t.Fatalf("--sync lazy lost nothing in a power cut: the harness does not drop unsynced writes")
+	}
+}
+
+// powerCutWindow is how many messages each key has in flight.
+const powerCutWindow = 10
+
+type powerCutResult struct {
+	cuts, acked, lost, delivered int
+	firstLost                    string
+	missingResources             []string
+	violations                   []string
+	rolledBack                   powercut.Stats
+}
+
+func (r powerCutResult) String() string {
+	return fmt.Sprintf("%d cuts, %d publishes acknowledged, %d lost, %d delivered; rolled back %d bytes in %d files; resources missing: %d",
+		r.cuts, r.acked, r.lost, r.delivered, r.rolledBack.Bytes, r.rolledBack.Files, len(r.missingResources))
+}
+
+func powerCutRun(t *testing.T, policy string, cuts int) powerCutResult {
+	if err := powercut.Available(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("power-cut tests need FUSE as root: %v", err)
+		}
+		t.Skipf("power-cut tests need FUSE as root: %v", err)
+	}
+	bin := killBuildSidecar(t)
+	backing, mnt := t.TempDir(), t.TempDir()
+	fs, err := powercut.Mount(backing, mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fs.Close() }) // after the sidecar's kill, registered later
+	dataDir := filepath.Join(mnt, "data")
+	if err := os.Mkdir(dataDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var extra []string
+	if policy != "" {
+		extra = append(extra, "--sync", policy)
+	}
+
+	const sub = "cut-sub"
+	keys := make([]string, 32)
+	for i := range keys {
+		keys[i] = "device-" + strconv.Itoa(i)
+	}
+	next := make(map[string]int)     // per key, the next index to publish
+	acked := make(map[string][]bool) // per key and index: acknowledged
+	var res powerCutResult
+	var topics []string // acknowledged as created
+	var seen map[string]map[int]bool // what the last round received: key -> index
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
+	grpcAddr, httpAddr := "127.0.0.1:0", "127.0.0.1:0"
+	began := time.Now()
+
+	for round := 0; round <= cuts; round++ {
+		p := killStart(t, bin, dataDir, grpcAddr, httpAddr, extra...)
+		grpcAddr, httpAddr = p.grpc, p.http
+		c := goClientAt(t, p.grpc)
+		ctx := context.Background()
+		for _, id := range topics {
+			if _, err := c.TopicAdminClient.GetTopic(ctx, &pb.GetTopicRequest{Topic: topicPath(id)}); err != nil {
+				res.missingResources = append(res.missingResources, fmt.Sprintf("topic %s after cut %d: %v", id, round, err))
+			}
+		}
+		if round > 0 {
+			if _, err := c.SubscriptionAdminClient.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: subPath(sub)}); err != nil {
+				res.missingResources = append(res.missingResources, fmt.Sprintf("subscription %s after cut %d: %v", sub, round, err))
+			}
+		}
+		if round == cuts {
+			// Last start: receive everything.
+			if len(res.missingResources) == 0 {
+				seen, res.delivered, res.violations = powerCutReceive(t, c, sub, keys, acked)
+				t.Logf("received at %v", time.Since(began).Round(time.Millisecond))
+			}
+			break
+		}
+		topic := "cut-topic-" + strconv.Itoa(round)
+		if _, err := c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath(topic)}); err != nil && status.Code(err) != codes.AlreadyExists {
+			t.Fatalf("create topic %s: %v", topic, err)
+		}
+		topics = append(topics, topic)
+		if round == 0 {
+			mustCreateSub(t, c, &pb.Subscription{Name: subPath(sub), Topic: topicPath(topics[0]), EnableMessageOrdering: true, AckDeadlineSeconds: 10})
+		}
+
+		// Publish under load until the cut: each key's messages in order,
+		// a result awaited as it comes.
+		pub := c.Publisher(topics[0])
+		pub.EnableMessageOrdering = true
+		var mu sync.Mutex
+		// Cancelled at the cut: a result still pending then is not
+		// acknowledged (the client would retry it for a minute).
+		pctx, cut := context.WithCancel(ctx)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for _, key := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					// A window of messages in flight per key, awaited
+					// in order: the cut finds writes not yet synced.
+					mu.Lock()
+					from := next[key]
+					next[key] += powerCutWindow
+					for range powerCutWindow {
+						acked[key] = append(acked[key], false)
+					}
+					mu.Unlock()
+					results := make([]*pubsub.PublishResult, powerCutWindow)
+					for j := range results {
+						results[j] = pub.Publish(pctx, &pubsub.Message{Data: ordercheck.Encode(key, from+j), OrderingKey: key})
+					}
+					for j, r := range results {
+						if _, err := r.Get(pctx); err != nil {
+							return // the cut: this key publishes no more this round
+						}
+						mu.Lock()
+						acked[key][from+j] = true
+						res.acked++
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		before := func() int { mu.Lock(); defer mu.Unlock(); return res.acked }()
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return res.acked >= before+600
+		}, "publishing did not get going")
+		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond) // a random moment to cut, not synchronisation
+		p.kill()
+		close(stop)
+		cut()
+		wg.Wait()
+		_ = c.Close() // ends the client's retries: nothing crosses the cut
+		st, err := fs.Cut()
+		if err != nil {
+			t.Fatalf("cut %d: %v", round+1, err)
+		}
+		res.cuts++
+		res.rolledBack.Files += st.Files
+		res.rolledBack.Bytes += st.Bytes
+		t.Logf("cut %d at %v: %d publishes acknowledged so far; rolled back %d bytes in %d files", round+1, time.Since(began).Round(time.Millisecond), res.acked, st.Bytes, st.Files)
+	}
+
+	for _, key := range keys {
+		for i, ok := range acked[key] {
+			if ok && !seen[key][i] {
+				res.lost++
+				if res.firstLost == "" {
+					res.firstLost = fmt.Sprintf("%s #%d", key, i)
+				}
+			}
+		}
+	}
+	return res
+}
+
+// powerCutReceive receives sub until every acknowledged message came, or
+// until deliveries stop for a while (then what did not come is lost), and
+// checks each key's first deliveries: a message published before another
+// of its key must not be first delivered after it.
+func powerCutReceive(t *testing.T, c *pubsub.Client, sub string, keys []string, acked map[string][]bool) (map[string]map[int]bool, int, []string) {
+	var mu sync.Mutex
+	seen := make(map[string]map[int]bool)
+	high := make(map[string]int) // highest index first-delivered so far, per key
+	var violations []string
+	delivered := 0
+	last := time.Now()
+	stop := receiveGo(t, c.Subscriber(sub), func(_ context.Context, m *pubsub.Message) {
+		key, i, err := ordercheck.Decode(m.Data)
+		mu.Lock()
+		defer mu.Unlock()
+		last = time.Now()
+		if err != nil || key != m.OrderingKey {
+			violations = append(violations, fmt.Sprintf("undecodable delivery %q (key %q): %v", m.Data, m.OrderingKey, err))
+			m.Ack()
+			return
+		}
+		if seen[key] == nil {
+			seen[key] = make(map[int]bool)
+			high[key] = -1
+		}
+		if !seen[key][i] {
+			seen[key][i] = true
+			delivered++
+			if i < high[key] {
+				violations = append(violations, fmt.Sprintf("%s #%d first delivered after #%d", key, i, high[key]))
+			}
+			high[key] = max(high[key], i)
+		}
+		m.Ack()
+	})
+	complete := func() bool {
+		for _, key := range keys {
+			for i, ok := range acked[key] {
+				if ok && !seen[key][i] {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		mu.Lock()
+		done, quiet := complete(), time.Since(last) > 10*time.Second
+		mu.Unlock()
+		if done || quiet || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // polling for completion
+	}
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(violations) > 5 {
+		violations = append(violations[:5], "...")
+	}
+	return seen, delivered, violations
+}
