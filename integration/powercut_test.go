@@ -103,7 +103,7 @@ func powerCutRun(t *testing.T, policy string, cuts int) powerCutResult {
 	next := make(map[string]int)     // per key, the next index to publish
 	acked := make(map[string][]bool) // per key and index: acknowledged
 	var res powerCutResult
-	var topics []string // acknowledged as created
+	var topics []string              // acknowledged as created
 	var seen map[string]map[int]bool // what the last round received: key -> index
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
 	grpcAddr, httpAddr := "127.0.0.1:0", "127.0.0.1:0"
