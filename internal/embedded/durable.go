@@ -57,9 +57,19 @@ type groupSyncer struct {
 	waiting *round // callers waiting for the next round; nil if none
 	seen    map[string]fileMark
 
-	// counters for Stats
+	syncCounters
+}
+
+// syncCounters are the work done so far.
+type syncCounters struct {
 	rounds, files uint64
 	busy          time.Duration
+}
+
+func (g *groupSyncer) stats() syncCounters {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.syncCounters
 }
 
 // round is one walk of the store: done is closed when it ended, with err.
@@ -227,10 +237,9 @@ func (s *Server) SyncPolicy() SyncPolicy { return s.policy }
 // SyncStats reports the group commit's work.
 func (s *Server) SyncStats() SyncStats {
 	st := SyncStats{Policy: s.policy}
-	if g := s.syncer; g != nil {
-		g.mu.Lock()
-		st.Rounds, st.Files, st.Busy = g.rounds, g.files, g.busy
-		g.mu.Unlock()
+	if s.syncer != nil {
+		c := s.syncer.stats()
+		st.Rounds, st.Files, st.Busy = c.rounds, c.files, c.busy
 	}
 	return st
 }
