@@ -41,7 +41,7 @@ func TestPowerCutDefaultLosesNothing(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("JETORDER_POWERCUT_CUTS")); err == nil && n > 0 {
 		cuts = n
 	}
-	r := powerCutRun(t, "", cuts)
+	r := powerCutRun(t, newPowerCutNode(t, ""), cuts)
 	t.Logf("%s", r)
 	if r.lost > 0 || len(r.missingResources) > 0 || len(r.violations) > 0 {
 		t.Fatalf("with the default sync policy: %d acknowledged messages lost (first: %s), resources missing: %v, order violations: %v",
@@ -53,7 +53,7 @@ func TestPowerCutDefaultLosesNothing(t *testing.T) {
 }
 
 func TestPowerCutLazyLosesMessages(t *testing.T) {
-	r := powerCutRun(t, "lazy", 1)
+	r := powerCutRun(t, newPowerCutNode(t, "lazy"), 1)
 	t.Logf("negative control, --sync lazy: %s", r)
 	if r.lost == 0 && len(r.missingResources) == 0 {
 		t.Fatalf("--sync lazy lost nothing in a power cut: the harness does not drop unsynced writes")
@@ -76,29 +76,99 @@ func (r powerCutResult) String() string {
 		r.cuts, r.acked, r.lost, r.delivered, r.rolledBack.Bytes, r.rolledBack.Files, len(r.missingResources))
 }
 
-func powerCutRun(t *testing.T, policy string, cuts int) powerCutResult {
+// powerCutSite is what loses power: the sidecar and the servers and mounts
+// that hold its store.
+type powerCutSite interface {
+	// start starts whatever is down on what the last cut left, and returns
+	// the sidecar.
+	start(t *testing.T) *killProc
+	// kill SIGKILLs every process; cut then rolls every mount back.
+	kill()
+	cut(t *testing.T) powercut.Stats
+}
+
+// powerCutNode is the sidecar with its embedded server, its store on one
+// powercut mount.
+type powerCutNode struct {
+	bin, dataDir       string
+	extra              []string
+	fs                 *powercut.FS
+	p                  *killProc
+	grpcAddr, httpAddr string
+}
+
+func newPowerCutNode(t *testing.T, policy string) *powerCutNode {
+	needFUSE(t)
+	n := &powerCutNode{bin: killBuildSidecar(t), grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
+	var mnt string
+	n.fs, mnt = powerCutMount(t)
+	n.dataDir = filepath.Join(mnt, "data")
+	if err := os.Mkdir(n.dataDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if policy != "" {
+		n.extra = append(n.extra, "--sync", policy)
+	}
+	return n
+}
+
+func (n *powerCutNode) start(t *testing.T) *killProc {
+	n.p = killStart(t, n.bin, n.dataDir, n.grpcAddr, n.httpAddr, n.extra...)
+	n.grpcAddr, n.httpAddr = n.p.grpc, n.p.http
+	return n.p
+}
+
+func (n *powerCutNode) kill() { n.p.kill() }
+
+func (n *powerCutNode) cut(t *testing.T) powercut.Stats {
+	st, err := n.fs.Cut()
+	if err != nil {
+		t.Fatalf("cut: %v", err)
+	}
+	return st
+}
+
+func needFUSE(t *testing.T) {
+	t.Helper()
 	if err := powercut.Available(); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("power-cut tests need FUSE as root: %v", err)
 		}
 		t.Skipf("power-cut tests need FUSE as root: %v", err)
 	}
-	bin := killBuildSidecar(t)
+}
+
+// powerCutExists asks get until it answers: NotFound, or any error after
+// 60 s (a cluster elects its leaders after a restart), means the resource
+// is gone.
+func powerCutExists(get func(context.Context) error) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := get(ctx)
+		cancel()
+		if err == nil || status.Code(err) == codes.NotFound || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond) // polling until the servers answer
+	}
+}
+
+// powerCutMount mounts a powercut file system over a temp dir; it is
+// unmounted when the test ends, after the processes using it are killed
+// (their clean-ups are registered later, so they run first).
+func powerCutMount(t *testing.T) (*powercut.FS, string) {
+	t.Helper()
 	backing, mnt := t.TempDir(), t.TempDir()
 	fs, err := powercut.Mount(backing, mnt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = fs.Close() }) // after the sidecar's kill, registered later
-	dataDir := filepath.Join(mnt, "data")
-	if err := os.Mkdir(dataDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	var extra []string
-	if policy != "" {
-		extra = append(extra, "--sync", policy)
-	}
+	t.Cleanup(func() { _ = fs.Close() })
+	return fs, mnt
+}
 
+func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 	const sub = "cut-sub"
 	keys := make([]string, 32)
 	for i := range keys {
@@ -110,27 +180,33 @@ func powerCutRun(t *testing.T, policy string, cuts int) powerCutResult {
 	var topics []string              // acknowledged as created
 	var seen map[string]map[int]bool // what the last round received: key -> index
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
-	grpcAddr, httpAddr := "127.0.0.1:0", "127.0.0.1:0"
 	began := time.Now()
 
 	for round := 0; round <= cuts; round++ {
-		p := killStart(t, bin, dataDir, grpcAddr, httpAddr, extra...)
-		grpcAddr, httpAddr = p.grpc, p.http
+		p := site.start(t)
 		c := goClientAt(t, p.grpc)
 		ctx := context.Background()
+		subMissing := false
 		for _, id := range topics {
-			if _, err := c.TopicAdminClient.GetTopic(ctx, &pb.GetTopicRequest{Topic: topicPath(id)}); err != nil {
+			if err := powerCutExists(func(ctx context.Context) error {
+				_, err := c.TopicAdminClient.GetTopic(ctx, &pb.GetTopicRequest{Topic: topicPath(id)})
+				return err
+			}); err != nil {
 				res.missingResources = append(res.missingResources, fmt.Sprintf("topic %s after cut %d: %v", id, round, err))
 			}
 		}
 		if round > 0 {
-			if _, err := c.SubscriptionAdminClient.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: subPath(sub)}); err != nil {
+			if err := powerCutExists(func(ctx context.Context) error {
+				_, err := c.SubscriptionAdminClient.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: subPath(sub)})
+				return err
+			}); err != nil {
+				subMissing = true
 				res.missingResources = append(res.missingResources, fmt.Sprintf("subscription %s after cut %d: %v", sub, round, err))
 			}
 		}
 		if round == cuts {
 			// Last start: receive everything.
-			if len(res.missingResources) == 0 {
+			if !subMissing {
 				seen, res.delivered, res.violations = powerCutReceive(t, c, sub, keys, acked)
 				t.Logf("received at %v", time.Since(began).Round(time.Millisecond))
 			}
@@ -197,15 +273,12 @@ func powerCutRun(t *testing.T, policy string, cuts int) powerCutResult {
 			return res.acked >= before+600
 		}, "publishing did not get going")
 		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond) // a random moment to cut, not synchronisation
-		p.kill()
+		site.kill()
 		close(stop)
 		cut()
 		wg.Wait()
 		_ = c.Close() // ends the client's retries: nothing crosses the cut
-		st, err := fs.Cut()
-		if err != nil {
-			t.Fatalf("cut %d: %v", round+1, err)
-		}
+		st := site.cut(t)
 		res.cuts++
 		res.rolledBack.Files += st.Files
 		res.rolledBack.Bytes += st.Bytes

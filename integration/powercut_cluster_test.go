@@ -1,0 +1,207 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/internal/powercut"
+	"github.com/jetorder/jetorder/internal/testutil"
+)
+
+// The power-cut harness on a 3-node cluster: three nats-server processes,
+// each with its store on its own powercut mount, R3 streams and buckets,
+// and the sidecar on --nats-url. A cut is coordinated: every server and the
+// sidecar are SIGKILLed, then every mount rolls back. With the
+// configuration docs/RELIABILITY.md recommends (sync_interval: always)
+// nothing acknowledged may be lost; with JetStream's default (the negative
+// control) the same cuts must lose something.
+func TestPowerCutClusterLosesNothing(t *testing.T) {
+	cuts := 2
+	if n, err := strconv.Atoi(os.Getenv("JETORDER_POWERCUT_CLUSTER_CUTS")); err == nil && n > 0 {
+		cuts = n
+	}
+	r := powerCutRun(t, newPowerCutCluster(t, true), cuts)
+	t.Logf("cluster, sync_interval: always: %s", r)
+	if r.lost > 0 || len(r.missingResources) > 0 || len(r.violations) > 0 {
+		t.Fatalf("cluster with sync_interval: always: %d acknowledged messages lost (first: %s), resources missing: %v, order violations: %v",
+			r.lost, r.firstLost, r.missingResources, r.violations)
+	}
+	if r.acked == 0 || r.rolledBack.Bytes == 0 {
+		t.Fatalf("the run proves nothing: %d messages acknowledged, %d bytes rolled back", r.acked, r.rolledBack.Bytes)
+	}
+}
+
+func TestPowerCutClusterLazyLosesMessages(t *testing.T) {
+	r := powerCutRun(t, newPowerCutCluster(t, false), 1)
+	t.Logf("negative control, cluster with JetStream's default sync: %s", r)
+	if r.lost == 0 && len(r.missingResources) == 0 {
+		t.Fatalf("the cluster with JetStream's default sync lost nothing in a power cut: the harness does not drop unsynced writes")
+	}
+}
+
+// powerCutCluster is three nats-server processes and the sidecar.
+type powerCutCluster struct {
+	bin, serverBin     string
+	dataDir            string // the sidecar's, unused with --nats-url
+	confs              []string
+	mounts             []*powercut.FS
+	clientURLs         []string
+	servers            []*serverProc
+	p                  *killProc
+	grpcAddr, httpAddr string
+}
+
+func newPowerCutCluster(t *testing.T, syncAlways bool) *powerCutCluster {
+	needFUSE(t)
+	c := &powerCutCluster{bin: killBuildSidecar(t), serverBin: buildNATSServer(t), dataDir: t.TempDir(),
+		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
+	const n = 3
+	routes := make([]string, n)
+	clusterAddrs := make([]string, n)
+	for i := range n {
+		clusterAddrs[i] = freeAddr(t)
+		routes[i] = fmt.Sprintf("%q", "nats-route://"+clusterAddrs[i])
+		c.clientURLs = append(c.clientURLs, "nats://"+freeAddr(t))
+	}
+	sync := ""
+	if syncAlways {
+		sync = "sync_interval: always"
+	}
+	for i := range n {
+		fs, mnt := powerCutMount(t)
+		c.mounts = append(c.mounts, fs)
+		conf := filepath.Join(t.TempDir(), "n"+strconv.Itoa(i)+".conf")
+		text := fmt.Sprintf(`server_name: n%d
+listen: %q
+max_payload: 12MB
+jetstream { store_dir: %q, %s }
+cluster { name: cut, listen: %q, routes: [%s] }
+`, i, strings.TrimPrefix(c.clientURLs[i], "nats://"), filepath.Join(mnt, "js"), sync, clusterAddrs[i], strings.Join(routes, ", "))
+		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c.confs = append(c.confs, conf)
+	}
+	return c
+}
+
+func (c *powerCutCluster) start(t *testing.T) *killProc {
+	c.servers = c.servers[:0]
+	for _, conf := range c.confs {
+		c.servers = append(c.servers, startServerProc(t, c.serverBin, conf))
+	}
+	urls := strings.Join(c.clientURLs, ",")
+	waitClusterJetStream(t, urls)
+	c.p = killStart(t, c.bin, c.dataDir, c.grpcAddr, c.httpAddr, "--nats-url", urls, "--replicas", "3")
+	c.grpcAddr, c.httpAddr = c.p.grpc, c.p.http
+	return c.p
+}
+
+// kill is the coordinated cut: the sidecar and every server at once.
+func (c *powerCutCluster) kill() {
+	for _, s := range c.servers {
+		_ = s.cmd.Process.Kill()
+	}
+	c.p.kill()
+	for _, s := range c.servers {
+		<-s.exited
+	}
+}
+
+func (c *powerCutCluster) cut(t *testing.T) powercut.Stats {
+	var sum powercut.Stats
+	for i, fs := range c.mounts {
+		st, err := fs.Cut()
+		if err != nil {
+			t.Fatalf("cut node %d: %v", i, err)
+		}
+		sum.Files += st.Files
+		sum.Bytes += st.Bytes
+	}
+	return sum
+}
+
+// waitClusterJetStream waits until the cluster's JetStream answers: a meta
+// leader is elected.
+func waitClusterJetStream(t *testing.T, urls string) {
+	t.Helper()
+	nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := js.AccountInfo(ctx)
+		return err == nil
+	}, "the cluster's JetStream did not answer")
+}
+
+// buildNATSServer builds the nats-server of go.mod.
+func buildNATSServer(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(t.TempDir(), "nats-server")
+	if out, err := exec.Command(goBin, "build", "-o", bin, "github.com/nats-io/nats-server/v2").CombinedOutput(); err != nil {
+		t.Fatalf("go build nats-server: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// serverProc is a nats-server process.
+type serverProc struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	log    *testutil.LogBuffer
+}
+
+func startServerProc(t *testing.T, bin, conf string) *serverProc {
+	t.Helper()
+	cmd := exec.Command(bin, "-c", conf)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &serverProc{cmd: cmd, exited: make(chan struct{}), log: &testutil.LogBuffer{}}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			_, _ = s.log.Write([]byte(sc.Text() + "\n"))
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+		_ = cmd.Wait()
+		close(s.exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-s.exited
+		if t.Failed() && os.Getenv("JETORDER_TEST_LOG") != "" {
+			t.Logf("nats-server %s:\n%s", conf, s.log.String())
+		}
+	})
+	return s
+}
