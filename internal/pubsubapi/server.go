@@ -74,6 +74,10 @@ type Config struct {
 	// EmbeddedNATS says that the broker's connection is to a nats-server
 	// in this process, for the status.
 	EmbeddedNATS bool
+	// Sync and SyncRisk are what the status says of the server's sync
+	// policy (status.NATS).
+	Sync     string
+	SyncRisk bool
 }
 
 // Server implements pb.PublisherServer and pb.SubscriberServer.

@@ -94,6 +94,7 @@ func (s *Server) status(last, good *jsRead) *jstatus.Status {
 			Status: nc.Status().String(), Connected: nc.IsConnected(),
 			URL: redactURL(nc.ConnectedUrlRedacted()), ServerName: nc.ConnectedServerName(), ServerVersion: nc.ConnectedServerVersion(),
 			Reconnects: nc.Stats().Reconnects, Embedded: s.cfg.EmbeddedNATS,
+			Sync: s.cfg.Sync, SyncRisk: s.cfg.SyncRisk,
 		}
 	} else {
 		st.NATS.Status = "none"

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -13,6 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/jetorder/jetorder/internal/embedded"
 )
 
 // A caller is told a resource exists, or a change was made, only once the
@@ -109,28 +113,42 @@ func (w *syncingWriter) Write(b []byte) (int, error) {
 // deadlines.
 func (w *syncingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// logExternalSync says at start-up what the sidecar can learn of an
-// external server's sync policy: a publish the server acknowledged is
-// durable only if every server that stores it runs with
-// sync_interval: always. Servers tell their configuration only to the
-// system account ($SYS.REQ.SERVER.PING.VARZ); without it the policy is
-// unknown.
-func (s *sidecar) logExternalSync() {
+// describeSync says, in the log and for the status page, when the NATS
+// server's writes reach disk, and whether an acknowledged publish may be
+// lost in a power cut. Of an external server the sidecar knows only what
+// the servers tell the system account ($SYS.REQ.SERVER.PING.VARZ): a
+// publish they acknowledged is durable only if every server that stores it
+// runs with sync_interval: always.
+func (s *sidecar) describeSync() (desc string, risk bool) {
+	if s.srv != nil {
+		switch p := s.srv.SyncPolicy(); p {
+		case embedded.SyncGroup:
+			return "group commit: acknowledged once on disk (--sync group)", false
+		case embedded.SyncAlways:
+			return "every write synced: acknowledged once on disk (--sync always)", false
+		default:
+			s.log.Warn("--sync lazy: acknowledged publishes, topics and subscriptions written in the last 2 minutes are lost in a power cut or an operating system crash")
+			return "lazy (--sync lazy): writes of the last 2 minutes are lost in a power cut", true
+		}
+	}
 	policies, err := externalSyncPolicies(s.nc, time.Second)
 	if err != nil || len(policies) == 0 {
 		s.log.Warn("external NATS: its sync policy is unknown to the sidecar (it needs the system account to ask); acknowledged publishes survive a power cut only if every server runs with sync_interval: always (docs/RELIABILITY.md)", "err", err)
-		return
+		return "unknown: durable only if every server runs with sync_interval: always", true
 	}
-	lazy := 0
+	var lazy []string
 	for name, always := range policies {
 		if !always {
-			lazy++
-			s.log.Warn("external NATS server does not sync every write: acknowledged publishes may be lost in a power cut; set sync_interval: always (docs/RELIABILITY.md)", "server", name)
+			lazy = append(lazy, name)
 		}
 	}
-	if lazy == 0 {
-		s.log.Info("external NATS: every server that answered syncs every write (sync_interval: always)", "servers", len(policies))
+	if len(lazy) > 0 {
+		slices.Sort(lazy)
+		s.log.Warn("external NATS servers that do not sync every write: acknowledged publishes may be lost in a power cut; set sync_interval: always (docs/RELIABILITY.md)", "servers", lazy)
+		return fmt.Sprintf("not every write synced on %s: writes can be lost in a power cut", strings.Join(lazy, ", ")), true
 	}
+	s.log.Info("external NATS: every server that answered syncs every write (sync_interval: always)", "servers", len(policies))
+	return fmt.Sprintf("every write synced on the %d servers that answered (sync_interval: always)", len(policies)), false
 }
 
 // externalSyncPolicies asks every server that answers within wait whether

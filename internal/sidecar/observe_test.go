@@ -29,12 +29,17 @@ func subPath(id string) string   { return "projects/" + project + "/subscription
 
 // startSidecar runs a sidecar with its embedded nats-server in this
 // process until the test ends.
-func startSidecar(t *testing.T) sidecar.Listening {
+// startSidecar runs a sidecar with its embedded server; configure, if
+// given, changes its configuration first.
+func startSidecar(t *testing.T, configure ...func(*sidecar.Config)) sidecar.Listening {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	ready := make(chan sidecar.Listening, 1)
 	cfg := sidecar.Config{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataDir: t.TempDir(), Project: project, ShutdownTimeout: 2 * time.Second}
+	for _, f := range configure {
+		f(&cfg)
+	}
 	go func() { done <- sidecar.Run(ctx, cfg, nil, func(l sidecar.Listening) { ready <- l }) }()
 	var at sidecar.Listening
 	select {

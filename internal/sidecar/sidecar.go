@@ -208,6 +208,7 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		s.where.HTTP = s.hl.Addr().String()
 	}
 
+	syncDesc, syncRisk := s.describeSync()
 	reg := metrics.New()
 	// A client's Close waits no longer than the whole shutdown may take.
 	aopts := []adapter.Option{adapter.WithLogger(log), adapter.WithReplicas(max(cfg.Replicas, 1)),
@@ -233,6 +234,8 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		PushAllow:              pushAllow,
 		PushMaxOutstanding:     cfg.PushMaxOutstanding,
 		EmbeddedNATS:           s.srv != nil,
+		Sync:                   syncDesc,
+		SyncRisk:               syncRisk,
 	})
 	// The gauges of /metrics come from the status, as the status page's
 	// figures do.
@@ -332,12 +335,6 @@ func (s *sidecar) serve(ctx context.Context, ready func(Listening)) error {
 	}
 	if s.srv != nil && s.where.NATS != "" && beyondLoopback(s.srv.Addr()) {
 		s.log.Warn("--nats-listen exposes the embedded nats-server, which has no authentication, beyond loopback", "nats_listen", s.where.NATS)
-	}
-	if s.srv != nil && s.srv.SyncPolicy() == embedded.SyncLazy {
-		s.log.Warn("--sync lazy: acknowledged publishes, topics and subscriptions written in the last 2 minutes are lost in a power cut or an operating system crash")
-	}
-	if s.srv == nil {
-		s.logExternalSync()
 	}
 	if ready != nil {
 		ready(s.where)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
+	"github.com/jetorder/jetorder/internal/embedded"
+	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/status"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
@@ -123,5 +126,31 @@ func TestStatusJSON(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		t.Errorf("Receive: %v", err)
+	}
+}
+
+// The status says when the server's writes reach disk, and warns when an
+// acknowledged publish may be lost in a power cut: under --sync lazy, and
+// on an external server that does not tell its policy.
+func TestStatusSync(t *testing.T) {
+	ext := testutil.Server(t)
+	for _, tc := range []struct {
+		name      string
+		configure func(*sidecar.Config)
+		want      string
+		risk      bool
+	}{
+		{"default", func(*sidecar.Config) {}, "group commit", false},
+		{"always", func(c *sidecar.Config) { c.Sync = embedded.SyncAlways }, "every write synced", false},
+		{"lazy", func(c *sidecar.Config) { c.Sync = embedded.SyncLazy }, "lazy", true},
+		{"external", func(c *sidecar.Config) { c.NATSURL = ext.ClientURL() }, "unknown", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			at := startSidecar(t, tc.configure)
+			st := getStatus(t, "http://"+at.HTTP)
+			if !strings.Contains(st.NATS.Sync, tc.want) || st.NATS.SyncRisk != tc.risk {
+				t.Errorf("status: sync %q, risk %v; want %q in it, risk %v", st.NATS.Sync, st.NATS.SyncRisk, tc.want, tc.risk)
+			}
+		})
 	}
 }

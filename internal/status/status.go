@@ -70,6 +70,11 @@ type NATS struct {
 	ServerVersion string  `json:"server_version"`
 	Reconnects    uint64  `json:"reconnects"`
 	RTTMillis     float64 `json:"rtt_ms"` // at the last JetStream read; 0 when unknown
+	// Sync says when the server's writes reach disk, as far as the
+	// sidecar knows; SyncRisk is true when an acknowledged publish may be
+	// lost in a power cut (docs/RELIABILITY.md, "Power cuts").
+	Sync     string `json:"sync"`
+	SyncRisk bool   `json:"sync_risk"`
 }
 
 // JetStream is the account's JetStream, as last read.

@@ -75,6 +75,7 @@ function renderHealth(st) {
     ["server", [st.nats.server_name, st.nats.server_version].filter(Boolean).join(" ") || "–"],
     ["URL", st.nats.embedded ? "embedded (in this process)" : st.nats.url || "–"],
     ["reconnects", num(st.nats.reconnects), st.nats.reconnects ? "warn" : ""],
+    ["durability", st.nats.sync || "–", st.nats.sync_risk ? "warn" : "ok"],
     ["round trip", st.nats.rtt_ms ? st.nats.rtt_ms.toFixed(2) + " ms" : "–"],
     ["JetStream", st.jetstream.ok ? "available" : "unavailable: " + (st.jetstream.error || "not read yet"), st.jetstream.ok ? "ok" : "bad"],
     ["JetStream read", st.jetstream.as_of ? since(st.jetstream.as_of, Date.parse(st.time)) + " ago, in " + st.jetstream.read_ms.toFixed(1) + " ms" : "–"],
