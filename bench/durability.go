@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"time"
@@ -11,12 +10,8 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/jetorder/jetorder/adapter"
-	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/internal/embedded"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 )
@@ -75,7 +70,9 @@ func durabilityPolicy(policy embedded.SyncPolicy) durFigures {
 	check(err)
 	defer client.Close()
 	b := &bench{nc: nc, js: js, client: client}
-	s := b.startDurableSidecar(opts)
+	// Publish is not among the RPCs internal/sidecar's interceptor syncs
+	// (the adapter does), so this serves publishing as the sidecar does.
+	s := b.startSidecarWith(pubsubapi.Config{}, opts...)
 	defer s.stop()
 
 	msgs := n(50_000)
@@ -105,29 +102,6 @@ func durabilityPolicy(policy embedded.SyncPolicy) durFigures {
 	f.stats = srv.SyncStats()
 	fmt.Printf("%-7s srv.SyncStats: %d rounds, %d files fsynced, busy %v\n", policy, f.stats.Rounds, f.stats.Files, f.stats.Busy.Round(time.Millisecond))
 	return f
-}
-
-// startDurableSidecar is startSidecar with the broker's clients made with
-// opts. Publish is not among the RPCs internal/sidecar's interceptor syncs
-// (the adapter does), so this serves publishing as the sidecar does.
-func (b *bench) startDurableSidecar(opts []adapter.Option) *sidecarBench {
-	br := broker.New(b.nc, nil, nil, opts...)
-	api := pubsubapi.New(br, pubsubapi.Config{})
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(12 << 20))
-	api.Register(gs)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	check(err)
-	go func() { _ = gs.Serve(l) }()
-	c, err := pubsub.NewClient(context.Background(), project,
-		option.WithEndpoint(l.Addr().String()), option.WithoutAuthentication(),
-		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())), option.WithTelemetryDisabled())
-	check(err)
-	return &sidecarBench{b: b, client: c, stop: func() {
-		_ = c.Close()
-		api.Close()
-		gs.Stop()
-		br.Close()
-	}}
 }
 
 // rawDurable times raw async publishing of msgs messages over keys keys

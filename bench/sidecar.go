@@ -33,9 +33,13 @@ type sidecarBench struct {
 
 func (b *bench) startSidecar() *sidecarBench { return b.startSidecarWith(pubsubapi.Config{}) }
 
-// startSidecarWith is startSidecar with cfg (its PushAllow aside).
-func (b *bench) startSidecarWith(cfg pubsubapi.Config) *sidecarBench {
-	br := broker.New(b.nc, nil, nil, adapter.WithKeyConsumerIdleTimeout(*idleTimeout))
+// startSidecarWith is startSidecar with cfg (its PushAllow aside), and with
+// opts for the broker's clients (default: the bench's idle timeout).
+func (b *bench) startSidecarWith(cfg pubsubapi.Config, opts ...adapter.Option) *sidecarBench {
+	if len(opts) == 0 {
+		opts = []adapter.Option{adapter.WithKeyConsumerIdleTimeout(*idleTimeout)}
+	}
+	br := broker.New(b.nc, nil, nil, opts...)
 	// Push to loopback only, the sidecar's default: the endpoint is in
 	// this process.
 	allow, err := push.ParseAllowList(push.DefaultAllow)
