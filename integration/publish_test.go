@@ -447,3 +447,60 @@ func TestFlushAndBlockedPublishDoNotWaitForTheDelay(t *testing.T) {
 	storedOrder(t, e, "hurry", map[string]int{"k": 15})
 	storedOrder(t, e, "hurry-blocked", map[string]int{"k": 20})
 }
+
+// WithDurableSync: a publish result waits for the sync that covers it, and
+// a key's next batch waits too; a failed sync fails its messages with
+// ErrNotDurable and pauses their key, other keys carry on.
+func TestPublishWaitsForDurableSync(t *testing.T) {
+	type call struct{ done chan error }
+	calls := make(chan call)
+	sync := func(ctx context.Context) error {
+		c := call{done: make(chan error)}
+		select {
+		case calls <- c:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return <-c.done
+	}
+	e := newEnv(t, adapter.WithDurableSync(sync))
+	topic := e.createTopic("durable")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	next := func() call {
+		t.Helper()
+		select {
+		case c := <-calls:
+			return c
+		case <-ctx.Done():
+			t.Fatal("no sync asked for")
+			return call{}
+		}
+	}
+
+	r0 := topic.Publish(ctx, &adapter.Message{Data: []byte("a0"), OrderingKey: "a"})
+	c := next() // acked by the server, waiting for the sync
+	r1 := topic.Publish(ctx, &adapter.Message{Data: []byte("a1"), OrderingKey: "a"})
+	select {
+	case <-r0.Ready():
+		t.Fatal("a0's result came before its sync returned")
+	default:
+	}
+	c.done <- nil
+	if _, err := r0.Get(ctx); err != nil {
+		t.Fatalf("a0: %v", err)
+	}
+	c = next() // a1, sent once a0 was durable
+	c.done <- errors.New("disk gone")
+	if _, err := r1.Get(ctx); !errors.Is(err, adapter.ErrNotDurable) {
+		t.Fatalf("a1 after a failed sync: %v, want ErrNotDurable", err)
+	}
+	if _, err := topic.Publish(ctx, &adapter.Message{Data: []byte("a2"), OrderingKey: "a"}).Get(ctx); !errors.Is(err, adapter.ErrPublishingPaused) {
+		t.Fatalf("a2 after a1 failed: %v, want ErrPublishingPaused", err)
+	}
+	rb := topic.Publish(ctx, &adapter.Message{Data: []byte("b0"), OrderingKey: "b"})
+	next().done <- nil
+	if _, err := rb.Get(ctx); err != nil {
+		t.Fatalf("key b must carry on: %v", err)
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -34,6 +33,10 @@ const (
 	SyncLazy SyncPolicy = "lazy"
 )
 
+// groupSyncInterval is the server's own background fsync under SyncGroup
+// (JetStream's default is 2 minutes).
+const groupSyncInterval = time.Second
+
 // ParseSyncPolicy reads a policy by name.
 func ParseSyncPolicy(s string) (SyncPolicy, error) {
 	switch p := SyncPolicy(s); p {
@@ -49,15 +52,28 @@ func ParseSyncPolicy(s string) (SyncPolicy, error) {
 // the first round that starts after its call: that round's walk sees every
 // file the server had written before the call. Rounds run one at a time, so
 // callers that arrive while one runs share the next.
+//
+// It walks the server's own tree (<store>/jetstream, symbolic links
+// resolved), not whatever else the directory holds (a volume's lost+found).
+// Consumer state files (o.dat) are left out: nats-server rewrites them every
+// 100 ms per active consumer, and a cut may roll acks back anyway.
 type groupSyncer struct {
-	dir string
+	root string // the store directory, links resolved
+	tree string // root/jetstream: what the rounds walk
 
 	mu      sync.Mutex
 	running bool
 	waiting *round // callers waiting for the next round; nil if none
-	seen    map[string]fileMark
-
+	// failed is the first fsync error: after it the kernel may have
+	// dropped the pages it could not write and marked them clean, so no
+	// later round can promise anything. Every later Sync fails with it.
+	failed error
 	syncCounters
+
+	// Only the running loop touches these.
+	seen       map[string]fileMark
+	lastRound  time.Time
+	rootSynced bool
 }
 
 // syncCounters are the work done so far.
@@ -85,14 +101,22 @@ type fileMark struct {
 	mtime     int64
 }
 
-func newGroupSyncer(dir string) *groupSyncer {
-	return &groupSyncer{dir: dir, seen: make(map[string]fileMark)}
+func newGroupSyncer(dir string) (*groupSyncer, error) {
+	root, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, fmt.Errorf("embedded: store directory: %w", err)
+	}
+	return &groupSyncer{root: root, tree: filepath.Join(root, "jetstream"), seen: make(map[string]fileMark)}, nil
 }
 
 // sync waits until everything written under the directory before the call
 // is durable, or ctx ends.
 func (g *groupSyncer) sync(ctx context.Context) error {
 	g.mu.Lock()
+	if g.failed != nil {
+		g.mu.Unlock()
+		return g.failed
+	}
 	r := g.waiting
 	if r == nil {
 		r = &round{done: make(chan struct{})}
@@ -121,28 +145,41 @@ func (g *groupSyncer) loop() {
 			g.mu.Unlock()
 			return
 		}
+		failed := g.failed
 		g.mu.Unlock()
 		start := time.Now()
-		n, err := g.walk()
+		n, err := 0, failed
+		if failed == nil {
+			n, err = g.walk(start)
+		}
 		g.mu.Lock()
 		g.rounds++
 		g.files += uint64(n)
 		g.busy += time.Since(start)
+		if errors.Is(err, errFsync) && g.failed == nil {
+			g.failed = err
+		}
 		g.mu.Unlock()
 		r.err = err
 		close(r.done)
 	}
 }
 
+// errFsync marks a failed fsync, after which the syncer fails for good.
+var errFsync = errors.New("embedded: fsync failed; writes may be lost, and the store is not durable until the server restarts")
+
 // walk fsyncs every file whose mark changed, then every directory that
-// holds one of them or changed itself (new, renamed or removed entries),
-// and returns how many files it synced. Only loop calls it, so seen needs
-// no lock of its own beyond g.mu's hand-over.
-func (g *groupSyncer) walk() (int, error) {
+// holds one of them, or changed, or is new (and its parent), and returns
+// how many files it synced.
+func (g *groupSyncer) walk(start time.Time) (int, error) {
 	synced := 0
 	dirs := make(map[string]bool)
+	if !g.rootSynced {
+		dirs[g.root] = true // the entry of jetstream/ itself
+	}
+	seen := make(map[string]fileMark, len(g.seen))
 	var errs []error
-	err := filepath.WalkDir(g.dir, func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(g.tree, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			// A file removed (a block compacted, a consumer deleted)
 			// between listing and stat is not an error: it holds nothing.
@@ -151,6 +188,9 @@ func (g *groupSyncer) walk() (int, error) {
 			}
 			return err
 		}
+		if !d.IsDir() && d.Name() == "o.dat" {
+			return nil
+		}
 		info, err := d.Info()
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
@@ -158,13 +198,18 @@ func (g *groupSyncer) walk() (int, error) {
 			}
 			return err
 		}
-		st, _ := info.Sys().(*syscall.Stat_t)
-		if st == nil {
+		mark := fileMark{ino: inode(info), size: uint64(info.Size()), mtime: info.ModTime().UnixNano()}
+		old, known := g.seen[path]
+		// A change within the file system's timestamp granularity of the
+		// last round could leave the mark as it was ("racy" marks, as git
+		// calls them): a mark that new is synced again next round.
+		racy := !g.lastRound.IsZero() && mark.mtime >= g.lastRound.Add(-timestampSlack).UnixNano()
+		if known && old == mark && !racy {
+			seen[path] = mark
 			return nil
 		}
-		mark := fileMark{ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim.Nano()}
-		if g.seen[path] == mark {
-			return nil
+		if !known || old.ino != mark.ino {
+			dirs[filepath.Dir(path)] = true // a new entry in its directory
 		}
 		if d.IsDir() {
 			dirs[path] = true
@@ -177,28 +222,28 @@ func (g *groupSyncer) walk() (int, error) {
 				return nil
 			}
 			synced++
-			dirs[filepath.Dir(path)] = true
 		}
-		g.seen[path] = mark
+		seen[path] = mark
 		return nil
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, fs.ErrNotExist) { // no jetstream/ yet: nothing written
 		errs = append(errs, err)
 	}
 	for dir := range dirs {
 		if err := fsyncPath(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
-			delete(g.seen, dir) // try again next round
 		}
 	}
 	if len(errs) > 0 {
-		// Forget every mark, so that the next round syncs everything again
-		// rather than trust a round that failed.
-		clear(g.seen)
-		return synced, fmt.Errorf("embedded: sync the store: %w", errors.Join(errs...))
+		return synced, fmt.Errorf("%w: %w", errFsync, errors.Join(errs...))
 	}
+	g.seen, g.lastRound, g.rootSynced = seen, start, true
 	return synced, nil
 }
+
+// timestampSlack covers file systems whose timestamps are coarser than
+// the clock (a jiffy, up to 10 ms).
+const timestampSlack = 20 * time.Millisecond
 
 func fsyncPath(path string) error {
 	f, err := os.Open(path)
@@ -223,7 +268,11 @@ type SyncStats struct {
 // Sync returns once everything the server wrote before the call is on
 // stable storage (under SyncGroup), or at once under the other policies:
 // under SyncAlways the server synced it before answering, under SyncLazy
-// nobody asked. Concurrent callers share one round of fsyncs.
+// nobody asked. Concurrent callers share one round of fsyncs. It covers a
+// standalone server: a stream with replicas writes lazily even on its
+// leader, and its durability is the Raft log's (sync_interval: always).
+// After an fsync fails, every later call fails: the kernel may have
+// dropped what it could not write.
 func (s *Server) Sync(ctx context.Context) error {
 	if s.syncer == nil {
 		return nil

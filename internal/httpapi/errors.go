@@ -50,6 +50,7 @@ func statusOf(err error) int {
 	// nothing about this request: it is transient, the broker resumes the
 	// key once the failed request has all its results.
 	case errors.Is(err, adapter.ErrPublishingPaused),
+		errors.Is(err, adapter.ErrNotDurable),    // stored, but its sync failed or timed out: retry
 		errors.Is(err, didcomm.ErrStateConflict): // DIDComm stamping lost every compare-and-set: try again
 		return http.StatusServiceUnavailable
 	case errors.Is(err, keyrouter.ErrInvalidProjectID),

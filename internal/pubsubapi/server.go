@@ -322,6 +322,8 @@ func toStatus(err error) error {
 		code = codes.FailedPrecondition
 	case errors.Is(err, broker.ErrTooManyProjects):
 		code = codes.ResourceExhausted
+	case errors.Is(err, adapter.ErrNotDurable): // stored, but its sync failed or timed out: retry
+		code = codes.Unavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):

@@ -24,7 +24,8 @@ import (
 // "Power cuts"). Publishes are made durable by the adapter
 // (adapter.WithDurableSync), one sync per group of acknowledged batches; the
 // wrappers here cover everything else a caller changes: topics,
-// subscriptions, snapshots, schemas, push configs, seeks, DIDComm state.
+// subscriptions, snapshots, schemas, push configs, seeks, and the DIDComm
+// stamping counters (written before their message is published).
 
 // readOnlyRPC reports whether a unary method changes nothing that must
 // survive a power cut: reads, and the consumer side (acks and deadlines may
@@ -59,7 +60,10 @@ func syncUnary(sync func(context.Context) error) grpc.UnaryServerInterceptor {
 }
 
 // syncHTTP makes every request that may change something (any method but
-// GET, HEAD and OPTIONS) wait for sync before its response starts.
+// GET, HEAD and OPTIONS) wait for sync before its response starts, or
+// before net/http answers for a handler that wrote nothing. Routes whose
+// durability is the adapter's (publishing) or that only settle deliveries
+// (pull, acknowledge, ack deadlines) do not wait.
 func syncHTTP(sync func(context.Context) error, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.Method {
@@ -67,12 +71,23 @@ func syncHTTP(sync func(context.Context) error, next http.Handler) http.Handler 
 			next.ServeHTTP(w, r)
 			return
 		}
-		next.ServeHTTP(&syncingWriter{ResponseWriter: w, ctx: r.Context(), sync: sync}, r)
+		for _, verb := range []string{":publish", ":pull", ":acknowledge", ":modifyAckDeadline"} {
+			if strings.HasSuffix(r.URL.Path, verb) {
+				next.ServeHTTP(w, r)
+				return
+			}
+		}
+		sw := &syncingWriter{ResponseWriter: w, ctx: r.Context(), sync: sync}
+		next.ServeHTTP(sw, r)
+		if !sw.synced {
+			sw.WriteHeader(http.StatusOK) // what net/http would send
+		}
 	})
 }
 
 // syncingWriter syncs before the response's status line goes out: by then
-// the handler has done what the request asked.
+// the handler has done what the request asked. It has no Unwrap: a
+// ResponseController could flush the status line past the sync.
 type syncingWriter struct {
 	http.ResponseWriter
 	ctx    context.Context
@@ -109,9 +124,15 @@ func (w *syncingWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
-// Unwrap lets http.ResponseController reach the writer's Flush and
-// deadlines.
-func (w *syncingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+// Flush syncs first, as Write does.
+func (w *syncingWriter) Flush() {
+	if !w.synced {
+		w.WriteHeader(http.StatusOK)
+	}
+	if f, ok := w.ResponseWriter.(http.Flusher); ok && !w.failed {
+		f.Flush()
+	}
+}
 
 // describeSync says, in the log and for the status page, when the NATS
 // server's writes reach disk, and whether an acknowledged publish may be
@@ -123,6 +144,11 @@ func (s *sidecar) describeSync() (desc string, risk bool) {
 	if s.srv != nil {
 		switch p := s.srv.SyncPolicy(); p {
 		case embedded.SyncGroup:
+			if s.cfg.NATSListen != "" {
+				// Clients of the NATS port hear JetStream's own acks, which
+				// wait for no sync.
+				return "group commit: acknowledged once on disk (--sync group); publishes made on --nats-listen are not waited for", true
+			}
 			return "group commit: acknowledged once on disk (--sync group)", false
 		case embedded.SyncAlways:
 			return "every write synced: acknowledged once on disk (--sync always)", false

@@ -61,6 +61,26 @@ func TestSyncHTTP(t *testing.T) {
 	if rec := do(http.MethodPut); rec.Code != 200 || syncs != 1 || rec.Body.String() != `{"ok":true}` {
 		t.Fatalf("PUT: %d %q, %d syncs; want 200, the handler's body, one sync", rec.Code, rec.Body, syncs)
 	}
+	// A handler that writes nothing still waits for the sync; so does a
+	// flush; publishing (synced by the adapter) does not.
+	empty := syncHTTP(func(context.Context) error { syncs++; return nil }, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/flush" {
+			_ = http.NewResponseController(w).Flush()
+		}
+	}))
+	for _, path := range []string{"/v1/projects/p/topics/t", "/flush"} {
+		before := syncs
+		rec := httptest.NewRecorder()
+		empty.ServeHTTP(rec, httptest.NewRequest(http.MethodDelete, path, nil))
+		if rec.Code != 200 || syncs != before+1 {
+			t.Fatalf("DELETE %s writing nothing: %d, %d syncs; want 200 after one sync", path, rec.Code, syncs-before)
+		}
+	}
+	before := syncs
+	empty.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/v1/projects/p/topics/t:publish", nil))
+	if syncs != before {
+		t.Fatalf(":publish synced in the HTTP layer; the adapter does that")
+	}
 	syncErr = errors.New("disk gone")
 	rec := do(http.MethodPost)
 	if rec.Code != http.StatusServiceUnavailable || strings.Contains(rec.Body.String(), "ok") || !strings.Contains(rec.Body.String(), "disk gone") {
