@@ -15,6 +15,7 @@ import (
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/powercut"
@@ -71,6 +72,7 @@ const powerCutWindow = 10
 
 type powerCutResult struct {
 	cuts, acked, lost, delivered int
+	receivedBetweenCuts          int // distinct messages received while publishing
 	firstLost                    string
 	missingResources             []string
 	violations                   []string
@@ -78,8 +80,8 @@ type powerCutResult struct {
 }
 
 func (r powerCutResult) String() string {
-	return fmt.Sprintf("%d cuts, %d publishes acknowledged, %d lost, %d delivered; rolled back %d bytes in %d files; resources missing: %d",
-		r.cuts, r.acked, r.lost, r.delivered, r.rolledBack.Bytes, r.rolledBack.Files, len(r.missingResources))
+	return fmt.Sprintf("%d cuts, %d publishes acknowledged, %d lost, %d delivered after the last cut (%d received between cuts); rolled back %d bytes in %d files; resources missing: %d",
+		r.cuts, r.acked, r.lost, r.delivered, r.receivedBetweenCuts, r.rolledBack.Bytes, r.rolledBack.Files, len(r.missingResources))
 }
 
 // powerCutSite is what loses power: the sidecar and the servers and mounts
@@ -191,7 +193,8 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 	acked := make(map[string][]bool) // per key and index: acknowledged
 	var res powerCutResult
 	var topics []string              // acknowledged as created
-	var seen map[string]map[int]bool // what the last round received: key -> index
+	var seen map[string]map[int]bool // what the last receive got: key -> index
+	order := newPowerCutOrder()      // every delivery of the run
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
 	began := time.Now()
 
@@ -219,8 +222,13 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 		}
 		if round == cuts {
 			// Last start: receive everything.
+			order.mu.Lock()
+			for _, idx := range order.first {
+				res.receivedBetweenCuts += len(idx)
+			}
+			order.mu.Unlock()
 			if !subMissing {
-				seen, res.delivered, res.violations = powerCutReceive(t, c, sub, keys, acked)
+				seen, res.delivered = powerCutReceive(t, c, sub, began, keys, acked, order)
 				t.Logf("received at %v", time.Since(began).Round(time.Millisecond))
 			}
 			break
@@ -232,6 +240,18 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 		topics = append(topics, topic)
 		if round == 0 {
 			mustCreateSub(t, c, &pb.Subscription{Name: subPath(sub), Topic: topicPath(topics[0]), EnableMessageOrdering: true, AckDeadlineSeconds: 10})
+		}
+		// Receive while publishing, through the cut: acks a cut rolls back
+		// bring messages again, and order must hold across it. (Errors of
+		// a Receive whose sidecar was killed are expected.)
+		var receiving chan struct{}
+		rctx, stopReceiving := context.WithCancel(ctx)
+		if !subMissing {
+			receiving = make(chan struct{})
+			go func() {
+				defer close(receiving)
+				_ = c.Subscriber(sub).Receive(rctx, order.handle)
+			}()
 		}
 
 		// Publish under load until the cut: each key's messages in order,
@@ -287,10 +307,18 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 		}, "publishing did not get going")
 		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond) // a random moment to cut, not synchronisation
 		site.kill()
+		stopReceiving()
 		close(stop)
 		cut()
 		wg.Wait()
-		_ = c.Close() // ends the client's retries: nothing crosses the cut
+		_ = c.Close()         // ends the client's retries: nothing crosses the cut
+		if receiving != nil { // the client's Receive waits for its acks until the client closes
+			select {
+			case <-receiving:
+			case <-time.After(30 * time.Second):
+				t.Fatal("Receive did not end within 30s of the cut")
+			}
+		}
 		st := site.cut(t)
 		res.cuts++
 		res.rolledBack.Files += st.Files
@@ -308,48 +336,75 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 			}
 		}
 	}
+	order.mu.Lock()
+	res.violations = order.violations
+	order.mu.Unlock()
+	if len(res.violations) > 5 {
+		res.violations = append(res.violations[:5], "...")
+	}
 	return res
 }
 
-// powerCutReceive receives sub until every acknowledged message came, or
-// until deliveries stop for a while (then what did not come is lost), and
-// checks each key's first deliveries: a message published before another
-// of its key must not be first delivered after it.
-func powerCutReceive(t *testing.T, c *pubsub.Client, sub string, keys []string, acked map[string][]bool) (map[string]map[int]bool, int, []string) {
-	var mu sync.Mutex
-	seen := make(map[string]map[int]bool)
-	high := make(map[string]int) // highest index first-delivered so far, per key
-	var violations []string
-	delivered := 0
-	last := time.Now()
-	stop := receiveGo(t, c.Subscriber(sub), func(_ context.Context, m *pubsub.Message) {
-		key, i, err := ordercheck.Decode(m.Data)
-		mu.Lock()
-		defer mu.Unlock()
-		last = time.Now()
-		if err != nil || key != m.OrderingKey {
-			violations = append(violations, fmt.Sprintf("undecodable delivery %q (key %q): %v", m.Data, m.OrderingKey, err))
-			m.Ack()
-			return
+// powerCutOrder watches every delivery of the run, across cuts: per key,
+// no message may be first delivered after a later one (acks rolled back by
+// a cut bring messages again, which is allowed), and it records what the
+// current receive got.
+type powerCutOrder struct {
+	mu         sync.Mutex
+	first      map[string]map[int]bool // delivered at least once in the run
+	high       map[string]int          // highest index first delivered, per key
+	got        map[string]map[int]bool // delivered since the last reset
+	last       time.Time               // of the last delivery
+	violations []string
+}
+
+func newPowerCutOrder() *powerCutOrder {
+	return &powerCutOrder{first: map[string]map[int]bool{}, high: map[string]int{}, got: map[string]map[int]bool{}}
+}
+
+func (o *powerCutOrder) handle(_ context.Context, m *pubsub.Message) {
+	key, i, err := ordercheck.Decode(m.Data)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.last = time.Now()
+	m.Ack()
+	if err != nil || key != m.OrderingKey {
+		o.violations = append(o.violations, fmt.Sprintf("undecodable delivery %q (key %q): %v", m.Data, m.OrderingKey, err))
+		return
+	}
+	if o.got[key] == nil {
+		o.got[key] = map[int]bool{}
+	}
+	o.got[key][i] = true
+	if o.first[key] == nil {
+		o.first[key] = map[int]bool{}
+		o.high[key] = -1
+	}
+	if !o.first[key][i] {
+		o.first[key][i] = true
+		if i < o.high[key] {
+			o.violations = append(o.violations, fmt.Sprintf("%s #%d first delivered after #%d", key, i, o.high[key]))
 		}
-		if seen[key] == nil {
-			seen[key] = make(map[int]bool)
-			high[key] = -1
-		}
-		if !seen[key][i] {
-			seen[key][i] = true
-			delivered++
-			if i < high[key] {
-				violations = append(violations, fmt.Sprintf("%s #%d first delivered after #%d", key, i, high[key]))
-			}
-			high[key] = max(high[key], i)
-		}
-		m.Ack()
-	})
+		o.high[key] = max(o.high[key], i)
+	}
+}
+
+// powerCutReceive seeks sub back to since and receives it until every
+// acknowledged message came again, or until deliveries stop for a while
+// (then what did not come is lost). It returns what came.
+func powerCutReceive(t *testing.T, c *pubsub.Client, sub string, since time.Time, keys []string, acked map[string][]bool, o *powerCutOrder) (map[string]map[int]bool, int) {
+	if _, err := c.SubscriptionAdminClient.Seek(context.Background(), &pb.SeekRequest{
+		Subscription: subPath(sub), Target: &pb.SeekRequest_Time{Time: timestamppb.New(since)}}); err != nil {
+		t.Fatalf("seek %s back to the start: %v", sub, err)
+	}
+	o.mu.Lock()
+	o.got, o.last = map[string]map[int]bool{}, time.Now()
+	o.mu.Unlock()
+	stop := receiveGo(t, c.Subscriber(sub), o.handle)
 	complete := func() bool {
 		for _, key := range keys {
 			for i, ok := range acked[key] {
-				if ok && !seen[key][i] {
+				if ok && !o.got[key][i] {
 					return false
 				}
 			}
@@ -358,19 +413,20 @@ func powerCutReceive(t *testing.T, c *pubsub.Client, sub string, keys []string, 
 	}
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		mu.Lock()
-		done, quiet := complete(), time.Since(last) > 10*time.Second
-		mu.Unlock()
+		o.mu.Lock()
+		done, quiet := complete(), time.Since(o.last) > 10*time.Second
+		o.mu.Unlock()
 		if done || quiet || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond) // polling for completion
 	}
 	stop()
-	mu.Lock()
-	defer mu.Unlock()
-	if len(violations) > 5 {
-		violations = append(violations[:5], "...")
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, idx := range o.got {
+		n += len(idx)
 	}
-	return seen, delivered, violations
+	return o.got, n
 }
