@@ -33,15 +33,7 @@ func TestPowerCutClusterLosesNothing(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("JETORDER_POWERCUT_CLUSTER_CUTS")); err == nil && n > 0 {
 		cuts = n
 	}
-	r := powerCutRun(t, newPowerCutCluster(t, true), cuts)
-	t.Logf("cluster, sync_interval: always: %s", r)
-	if r.lost > 0 || len(r.missingResources) > 0 || len(r.violations) > 0 {
-		t.Fatalf("cluster with sync_interval: always: %d acknowledged messages lost (first: %s), resources missing: %v, order violations: %v",
-			r.lost, r.firstLost, r.missingResources, r.violations)
-	}
-	if r.acked == 0 || r.rolledBack.Bytes == 0 {
-		t.Fatalf("the run proves nothing: %d messages acknowledged, %d bytes rolled back", r.acked, r.rolledBack.Bytes)
-	}
+	powerCutWantNoLoss(t, "cluster with sync_interval: always", powerCutRun(t, newPowerCutCluster(t, true), cuts))
 }
 
 func TestPowerCutClusterLazyLosesMessages(t *testing.T) {

@@ -42,11 +42,17 @@ func TestPowerCutDefaultLosesNothing(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("JETORDER_POWERCUT_CUTS")); err == nil && n > 0 {
 		cuts = n
 	}
-	r := powerCutRun(t, newPowerCutNode(t, ""), cuts)
-	t.Logf("%s", r)
+	powerCutWantNoLoss(t, "the default sync policy", powerCutRun(t, newPowerCutNode(t, ""), cuts))
+}
+
+// powerCutWantNoLoss fails the test unless the run lost nothing it
+// acknowledged, kept order and every resource, and had something to lose.
+func powerCutWantNoLoss(t *testing.T, what string, r powerCutResult) {
+	t.Helper()
+	t.Logf("%s: %s", what, r)
 	if r.lost > 0 || len(r.missingResources) > 0 || len(r.violations) > 0 {
-		t.Fatalf("with the default sync policy: %d acknowledged messages lost (first: %s), resources missing: %v, order violations: %v",
-			r.lost, r.firstLost, r.missingResources, r.violations)
+		t.Fatalf("%s: %d acknowledged messages lost (first: %s), resources missing: %v, order violations: %v",
+			what, r.lost, r.firstLost, r.missingResources, r.violations)
 	}
 	if r.acked == 0 || r.rolledBack.Bytes == 0 {
 		t.Fatalf("the run proves nothing: %d messages acknowledged, %d bytes rolled back", r.acked, r.rolledBack.Bytes)
