@@ -406,8 +406,8 @@ func (o *powerCutOrder) handle(_ context.Context, m *pubsub.Message) {
 }
 
 // powerCutReceive receives sub until every acknowledged message came, or
-// until deliveries stop for a while after the first (then what did not
-// come is lost), or for 90 s. It returns what came.
+// until deliveries stop for 30 s after the first (then what did not come
+// is lost), or for 120 s. It returns what came.
 func powerCutReceive(t *testing.T, c *pubsub.Client, sub string, keys []string, acked map[string][]bool, o *powerCutOrder) (map[string]map[int]bool, int) {
 	stop := receiveGo(t, c.Subscriber(sub), o.handle)
 	complete := func() bool {
@@ -420,12 +420,13 @@ func powerCutReceive(t *testing.T, c *pubsub.Client, sub string, keys []string, 
 		}
 		return true
 	}
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(120 * time.Second)
 	for {
 		o.mu.Lock()
-		// Quiet only once something came: a cluster just restarted may
-		// take a while to elect its consumers' leaders.
-		done, quiet := complete(), len(o.got) > 0 && time.Since(o.last) > 10*time.Second
+		// Quiet only once something came, and for long: a cluster just
+		// restarted may take a while to elect its consumers' leaders (a
+		// CI run saw 10 deliveries, then 10 s of none).
+		done, quiet := complete(), len(o.got) > 0 && time.Since(o.last) > 30*time.Second
 		o.mu.Unlock()
 		if done || quiet || time.Now().After(deadline) {
 			break

@@ -199,6 +199,11 @@ func externalSyncPolicies(nc *nats.Conn, wait time.Duration) (map[string]bool, e
 			}
 			return policies, err
 		}
+		if m.Header.Get("Status") == "503" {
+			// No responders: the account cannot reach the system account's
+			// subjects. Waiting longer would only delay the start.
+			return policies, nil
+		}
 		var resp struct {
 			Server struct {
 				Name string `json:"name"`
