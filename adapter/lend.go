@@ -3,6 +3,7 @@ package adapter
 import (
 	"context"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/internal/adapterx/link"
@@ -32,6 +33,11 @@ func init() {
 		if p, ok := m.d.home.(*partition); ok && p.g.window > 1 {
 			p.handOver(m.d)
 		}
+	}
+	link.FromStored = func(data []byte, h nats.Header) *Message {
+		m := &Message{Data: data, Header: h}
+		readHeaders(h, m)
+		return m
 	}
 	link.Revoked = func(m *Message) <-chan struct{} {
 		if m.d == nil {

@@ -1,12 +1,13 @@
 package didcomm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strconv"
+	"slices"
 	"sync"
 	"time"
 
@@ -29,6 +30,14 @@ import (
 // connection dropped, or ctx ended, while the write was in flight) may
 // have taken its orders: they are skipped, never given again.
 //
+// A crash between reserving orders and sending their messages leaves a
+// hole too, unless the reserver writes ahead (ReserveWith): then the
+// counter keeps, beside its last order, a record of what the reservation
+// is for until Settle removes it, written in the same compare-and-set, so
+// the orders are never taken without their record. Whoever finds a record
+// its reserver will not settle (a restart, PendingCounters) sends what it
+// holds and settles it.
+//
 // Deleting or purging a counter's key starts it again at 1: receivers
 // would then drop the new messages as copies of the old ones.
 //
@@ -36,6 +45,10 @@ import (
 type KVSequencer struct {
 	kv     jetstream.KeyValue
 	prefix string
+	// index, when set, holds an empty key per counter that may have
+	// pending records, so that they can be found without reading every
+	// counter (IndexPending).
+	index jetstream.KeyValue
 
 	mu   sync.Mutex
 	seen map[string]counterSeen // key -> what this sequencer last wrote or read
@@ -44,7 +57,18 @@ type KVSequencer struct {
 // counterSeen is a counter's value and revision as last seen. It is a
 // hint that saves a read: a compare-and-set on a stale revision fails and
 // the counter is read again.
-type counterSeen struct{ last, rev uint64 }
+type counterSeen struct {
+	last, rev uint64
+	pending   []Pending
+}
+
+// Pending is a write-ahead record kept in a counter: orders
+// First..First+N-1 were reserved for what Record says (its reserver's
+// bytes, one line), and may not all have been sent yet.
+type Pending struct {
+	First, N uint64
+	Record   []byte
+}
 
 const (
 	// maxReserveAttempts bounds the compare-and-set attempts of one
@@ -69,7 +93,8 @@ func NewKVSequencer(kv jetstream.KeyValue, prefix string) *KVSequencer {
 	return &KVSequencer{kv: kv, prefix: prefix, seen: make(map[string]counterSeen)}
 }
 
-func (s *KVSequencer) key(thread, sender string) string {
+// Key is the bucket key of the thread and sender's counter.
+func (s *KVSequencer) Key(thread, sender string) string {
 	k := keyrouter.KVToken(thread) + "." + keyrouter.KVToken(sender)
 	if s.prefix == "" {
 		return k
@@ -87,48 +112,83 @@ func (s *KVSequencer) key(thread, sender string) string {
 // Cancelling ctx ends the wait; an error other than those may have taken
 // the orders (see KVSequencer).
 func (s *KVSequencer) Reserve(ctx context.Context, thread, sender string, n uint64) (first uint64, err error) {
+	first, _, err = s.ReserveWith(ctx, thread, sender, n, nil)
+	return first, err
+}
+
+// ReserveWith is Reserve writing ahead: record, called with the first
+// order of each attempt, returns what the reservation is for (one line, no
+// '\n'), and the counter keeps it as a Pending record, taken in the same
+// compare-and-set as the orders, until Settle. A nil record (or a nil
+// func) writes none; an error from record ends the reservation with that
+// error and nothing taken. earlier is the pending records the counter held
+// before, of reservations that may still be unsent: a caller that must
+// send after them sees to them first.
+func (s *KVSequencer) ReserveWith(ctx context.Context, thread, sender string, n uint64, record func(first uint64) ([]byte, error)) (first uint64, earlier []Pending, err error) {
 	if thread == "" {
-		return 0, ErrMissingID
+		return 0, nil, ErrMissingID
 	}
 	if sender == "" {
-		return 0, ErrMissingSender
+		return 0, nil, ErrMissingSender
 	}
 	if n == 0 {
-		return 0, errors.New("didcomm: reserve at least one order")
+		return 0, nil, errors.New("didcomm: reserve at least one order")
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	key := s.key(thread, sender)
+	key := s.Key(thread, sender)
 	cur, hinted := s.hint(key)
+	indexed := false
 	for attempt := range maxReserveAttempts {
 		if !hinted {
 			if cur, err = s.read(ctx, key); err != nil {
-				return 0, err
+				return 0, nil, err
 			}
 		}
 		if cur.last > math.MaxUint64-n {
-			return 0, fmt.Errorf("%w: thread %q sender %q is at %d, cannot reserve %d more", ErrInvalidSenderOrder, thread, sender, cur.last, n)
+			return 0, nil, fmt.Errorf("%w: thread %q sender %q is at %d, cannot reserve %d more", ErrInvalidSenderOrder, thread, sender, cur.last, n)
 		}
 		next := cur.last + n
-		rev, err := s.write(ctx, key, next, cur.rev)
+		pending := cur.pending
+		if record != nil {
+			rec, err := record(cur.last + 1)
+			if err != nil {
+				return 0, nil, err
+			}
+			if rec != nil {
+				if bytes.IndexByte(rec, '\n') >= 0 {
+					return 0, nil, errors.New("didcomm: a pending record is one line")
+				}
+				if !indexed {
+					// Indexed before it exists: a record is never
+					// unfindable, an index entry without one is dropped.
+					if err := s.indexPending(ctx, key); err != nil {
+						return 0, nil, err
+					}
+					indexed = true
+				}
+				pending = append(slices.Clone(pending), Pending{First: cur.last + 1, N: n, Record: rec})
+			}
+		}
+		rev, err := s.write(ctx, key, next, pending, cur.rev)
 		switch {
 		case err == nil:
-			s.remember(key, counterSeen{last: next, rev: rev})
-			return cur.last + 1, nil
+			s.remember(key, counterSeen{last: next, rev: rev, pending: pending})
+			return cur.last + 1, cur.pending, nil
 		case conflict(err):
 			hinted = false // another reservation came first: read it
 			if err := conflictWait(ctx, attempt); err != nil {
 				s.forget(key)
-				return 0, fmt.Errorf("%w: reserve orders of thread %q sender %q: %v", ErrStateConflict, thread, sender, err)
+				return 0, nil, fmt.Errorf("%w: reserve orders of thread %q sender %q: %v", ErrStateConflict, thread, sender, err)
 			}
 			continue
 		default:
 			s.forget(key)
-			return 0, fmt.Errorf("didcomm: reserve orders of thread %q sender %q: %w", thread, sender, err)
+			return 0, nil, fmt.Errorf("didcomm: reserve orders of thread %q sender %q: %w", thread, sender, err)
 		}
 	}
 	s.forget(key)
-	return 0, fmt.Errorf("%w: reserve orders of thread %q sender %q: %d compare-and-set attempts lost to other reservations", ErrStateConflict, thread, sender, maxReserveAttempts)
+	return 0, nil, fmt.Errorf("%w: reserve orders of thread %q sender %q: %d compare-and-set attempts lost to other reservations", ErrStateConflict, thread, sender, maxReserveAttempts)
 }
 
 // Stamp gives h the next sender_order of its thread (thid, or its own id)
@@ -164,7 +224,7 @@ func (s *KVSequencer) GiveBack(ctx context.Context, thread, sender string, first
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	key := s.key(thread, sender)
+	key := s.Key(thread, sender)
 	cur, err := s.read(ctx, key)
 	if err != nil {
 		return false, err
@@ -172,10 +232,10 @@ func (s *KVSequencer) GiveBack(ctx context.Context, thread, sender string, first
 	if cur.last != first-1+n {
 		return false, nil // reserved after us, or not ours
 	}
-	rev, err := s.write(ctx, key, first-1, cur.rev)
+	rev, err := s.write(ctx, key, first-1, cur.pending, cur.rev)
 	switch {
 	case err == nil:
-		s.remember(key, counterSeen{last: first - 1, rev: rev})
+		s.remember(key, counterSeen{last: first - 1, rev: rev, pending: cur.pending})
 		return true, nil
 	case conflict(err):
 		s.forget(key)
@@ -191,7 +251,7 @@ func (s *KVSequencer) GiveBack(ctx context.Context, thread, sender string, first
 func (s *KVSequencer) Last(ctx context.Context, thread, sender string) (uint64, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	cur, err := s.read(ctx, s.key(thread, sender))
+	cur, err := s.read(ctx, s.Key(thread, sender))
 	return cur.last, err
 }
 
@@ -206,19 +266,20 @@ func (s *KVSequencer) read(ctx context.Context, key string) (counterSeen, error)
 	if err != nil {
 		return counterSeen{}, fmt.Errorf("didcomm: read counter %s: %w", key, err)
 	}
-	last, err := parseCount(string(e.Value()))
+	last, pending, err := parseCounter(e.Value())
 	if err != nil {
 		// Never overwritten: a counter we cannot read might be ahead.
 		return counterSeen{}, fmt.Errorf("%w: counter %s holds %.40q: %v", ErrInvalidSenderOrder, key, e.Value(), err)
 	}
-	cur := counterSeen{last: last, rev: e.Revision()}
+	cur := counterSeen{last: last, rev: e.Revision(), pending: pending}
 	s.remember(key, cur)
 	return cur, nil
 }
 
-// write sets a counter to last if it is still at revision rev (0: absent).
-func (s *KVSequencer) write(ctx context.Context, key string, last, rev uint64) (uint64, error) {
-	value := []byte(strconv.FormatUint(last, 10))
+// write sets a counter to last and its pending records if it is still at
+// revision rev (0: absent).
+func (s *KVSequencer) write(ctx context.Context, key string, last uint64, pending []Pending, rev uint64) (uint64, error) {
+	value := formatCounter(last, pending)
 	if rev == 0 {
 		return s.kv.Create(ctx, key, value)
 	}

@@ -3,10 +3,13 @@ package integration
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +19,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/jetorder/jetorder/didcomm"
+	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/powercut"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -28,7 +33,10 @@ import (
 // more topic, publish ordered messages through Google's Go client under
 // load, and at a random moment SIGKILL the sidecar and cut. At the end one
 // subscriber receives everything: no acknowledged publish may be missing,
-// and per key the first deliveries must be in publish order.
+// and per key the first deliveries must be in publish order. Every fourth
+// key's messages ask the sidecar to stamp a DIDComm sender_order: no order
+// may be skipped (from 1 to the highest delivered) or given to two
+// messages.
 //
 // With the default sync policy nothing acknowledged may be lost. The
 // negative control runs the same harness with --sync lazy and must lose
@@ -75,8 +83,35 @@ func TestPowerCutLazyLosesMessages(t *testing.T) {
 // powerCutWindow is how many messages each key has in flight.
 const powerCutWindow = 10
 
+// powerCutReplayed is what the sidecar logs when it replays a stamping
+// write-ahead record (internal/broker/stampwal.go).
+const powerCutReplayed = "published again from their write-ahead record"
+
+// powerCutStamped reports whether a key's messages ask the sidecar for a
+// DIDComm sender_order: every fourth key, each its own sender and thread.
+func powerCutStamped(key string) bool {
+	n, _ := strconv.Atoi(strings.TrimPrefix(key, "device-"))
+	return n%4 == 0
+}
+
+// powerCutAttrs are the attributes of message i of key: DIDComm headers
+// and the stamping request for a stamped key.
+func powerCutAttrs(key string, i int) map[string]string {
+	if !powerCutStamped(key) {
+		return nil
+	}
+	return map[string]string{
+		broker.AttrDIDComm: broker.DIDCommStamp,
+		didcomm.AttrID:     fmt.Sprintf("%s-%d", key, i),
+		didcomm.AttrThread: "thread-" + key,
+		didcomm.AttrFrom:   "did:example:" + key,
+	}
+}
+
 type powerCutResult struct {
 	cuts, acked, lost, delivered int
+	stamped                      int // distinct DIDComm sender_orders delivered
+	replays                      int // stamping write-ahead records the sidecar replayed
 	receivedBetweenCuts          int // distinct messages received while publishing
 	firstLost                    string
 	missingResources             []string
@@ -85,8 +120,8 @@ type powerCutResult struct {
 }
 
 func (r powerCutResult) String() string {
-	return fmt.Sprintf("%d cuts, %d publishes acknowledged, %d lost, %d delivered after the last cut (%d received between cuts); rolled back %d bytes in %d files; resources missing: %d",
-		r.cuts, r.acked, r.lost, r.delivered, r.receivedBetweenCuts, r.rolledBack.Bytes, r.rolledBack.Files, len(r.missingResources))
+	return fmt.Sprintf("%d cuts, %d publishes acknowledged, %d lost, %d delivered after the last cut (%d received between cuts, %d DIDComm sender_orders, %d stamping records replayed); rolled back %d bytes in %d files; resources missing: %d",
+		r.cuts, r.acked, r.lost, r.delivered, r.receivedBetweenCuts, r.stamped, r.replays, r.rolledBack.Bytes, r.rolledBack.Files, len(r.missingResources))
 }
 
 // powerCutSite is what loses power: the sidecar and the servers and mounts
@@ -243,6 +278,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 				auditOrder := newPowerCutOrder()
 				seen, res.delivered = powerCutReceive(t, c, audit, keys, acked, auditOrder)
 				order.violations = append(order.violations, auditOrder.violations...)
+				res.replays += strings.Count(p.log.String(), powerCutReplayed)
 				t.Logf("received at %v", time.Since(began).Round(time.Millisecond))
 			}
 			break
@@ -301,7 +337,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 					mu.Unlock()
 					results := make([]*pubsub.PublishResult, powerCutWindow)
 					for j := range results {
-						results[j] = pub.Publish(pctx, &pubsub.Message{Data: ordercheck.Encode(key, from+j), OrderingKey: key})
+						results[j] = pub.Publish(pctx, &pubsub.Message{Data: ordercheck.Encode(key, from+j), OrderingKey: key, Attributes: powerCutAttrs(key, from+j)})
 					}
 					for j, r := range results {
 						if _, err := r.Get(pctx); err != nil {
@@ -323,6 +359,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 		}, "publishing did not get going")
 		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond) // a random moment to cut, not synchronisation
 		site.kill()
+		res.replays += strings.Count(p.log.String(), powerCutReplayed)
 		stopReceiving()
 		close(stop)
 		cut()
@@ -354,6 +391,24 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 	}
 	order.mu.Lock()
 	res.violations = order.violations
+	for _, key := range keys {
+		// Every sender_order of a stamped key's sender, from 1 to the
+		// highest seen, must have come, each for one message only.
+		orders := order.orders[key]
+		if !powerCutStamped(key) || len(orders) == 0 {
+			continue
+		}
+		res.stamped += len(orders)
+		high := slices.Max(slices.Collect(maps.Keys(orders)))
+		for o := uint64(1); o <= high; o++ {
+			if len(orders[o]) == 0 {
+				res.violations = append(res.violations, fmt.Sprintf("%s: sender_order %d skipped (highest %d)", key, o, high))
+			}
+			if len(orders[o]) > 1 {
+				res.violations = append(res.violations, fmt.Sprintf("%s: sender_order %d given to %d messages: %v", key, o, len(orders[o]), slices.Sorted(maps.Keys(orders[o]))))
+			}
+		}
+	}
 	order.mu.Unlock()
 	if len(res.violations) > 5 {
 		res.violations = append(res.violations[:5], "...")
@@ -366,8 +421,11 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 // a cut bring messages again, which is allowed), and it records what the
 // current receive got.
 type powerCutOrder struct {
-	mu         sync.Mutex
-	first      map[string]map[int]bool // delivered at least once in the run
+	mu    sync.Mutex
+	first map[string]map[int]bool // delivered at least once in the run
+	// orders holds, per stamped key, the DIDComm ids delivered with each
+	// sender_order.
+	orders     map[string]map[uint64]map[string]bool
 	high       map[string]int          // highest index first delivered, per key
 	got        map[string]map[int]bool // delivered since the last reset
 	last       time.Time               // of the last delivery
@@ -375,7 +433,7 @@ type powerCutOrder struct {
 }
 
 func newPowerCutOrder() *powerCutOrder {
-	return &powerCutOrder{first: map[string]map[int]bool{}, high: map[string]int{}, got: map[string]map[int]bool{}}
+	return &powerCutOrder{first: map[string]map[int]bool{}, high: map[string]int{}, got: map[string]map[int]bool{}, orders: map[string]map[uint64]map[string]bool{}}
 }
 
 func (o *powerCutOrder) handle(_ context.Context, m *pubsub.Message) {
@@ -387,6 +445,20 @@ func (o *powerCutOrder) handle(_ context.Context, m *pubsub.Message) {
 	if err != nil || key != m.OrderingKey {
 		o.violations = append(o.violations, fmt.Sprintf("undecodable delivery %q (key %q): %v", m.Data, m.OrderingKey, err))
 		return
+	}
+	if powerCutStamped(key) {
+		order, err := strconv.ParseUint(m.Attributes[didcomm.AttrSenderOrder], 10, 64)
+		if err != nil || m.Attributes[didcomm.AttrID] != fmt.Sprintf("%s-%d", key, i) {
+			o.violations = append(o.violations, fmt.Sprintf("%s #%d: DIDComm attributes %v: stamped wrongly (%v)", key, i, m.Attributes, err))
+			return
+		}
+		if o.orders[key] == nil {
+			o.orders[key] = map[uint64]map[string]bool{}
+		}
+		if o.orders[key][order] == nil {
+			o.orders[key][order] = map[string]bool{}
+		}
+		o.orders[key][order][m.Attributes[didcomm.AttrID]] = true
 	}
 	if o.got[key] == nil {
 		o.got[key] = map[int]bool{}
@@ -405,7 +477,8 @@ func (o *powerCutOrder) handle(_ context.Context, m *pubsub.Message) {
 	}
 }
 
-// powerCutReceive receives sub until every acknowledged message came, or
+// powerCutReceive receives sub until every acknowledged message came, and
+// every stamped key's sender_orders from 1 to the highest, or
 // until deliveries stop for 30 s after the first (then what did not come
 // is lost), or for 120 s. It returns what came.
 func powerCutReceive(t *testing.T, c *pubsub.Client, sub string, keys []string, acked map[string][]bool, o *powerCutOrder) (map[string]map[int]bool, int) {
@@ -416,6 +489,11 @@ func powerCutReceive(t *testing.T, c *pubsub.Client, sub string, keys []string, 
 				if ok && !o.got[key][i] {
 					return false
 				}
+			}
+			// Messages replayed from a stamping write-ahead record come
+			// whenever the sidecar's recovery gets to them.
+			if len(o.orders[key]) > 0 && uint64(len(o.orders[key])) != slices.Max(slices.Collect(maps.Keys(o.orders[key]))) {
+				return false
 			}
 		}
 		return true

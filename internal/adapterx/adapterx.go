@@ -6,6 +6,7 @@ package adapterx
 import (
 	"context"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/adapter"
@@ -58,4 +59,11 @@ func HandOver(m *adapter.Message) { link.HandOver.(func(*adapter.Message))(m) }
 // deliver.
 func Revoked(m *adapter.Message) <-chan struct{} {
 	return link.Revoked.(func(*adapter.Message) <-chan struct{})(m)
+}
+
+// FromStored reads a message as the topic stream holds it (its data and
+// NATS headers) the way Receive would: ordering key, attributes, id and
+// metadata, with h as its Header.
+func FromStored(data []byte, h nats.Header) *adapter.Message {
+	return link.FromStored.(func([]byte, nats.Header) *adapter.Message)(data, h)
 }

@@ -41,7 +41,12 @@ type Broker struct {
 	// BucketReplicas is the replicas of the KV buckets the broker creates
 	// (JO_DIDCOMM_ORDERS, see stamp.go); 0 means 1. Set before use.
 	BucketReplicas int
-	stamps         stamper
+	// Durable, when set, makes every write before the call durable (the
+	// embedded server's group commit): stamped messages go only once
+	// their orders' reservation is, so that a power cut can never keep a
+	// message whose order it rolled back. Set before use.
+	Durable func(context.Context) error
+	stamps  stamper
 
 	mu      sync.Mutex
 	clients map[string]*adapter.Client // project -> client

@@ -31,7 +31,9 @@ import (
 // thread and sender, in request order, one compare-and-set reserves the
 // orders of all its messages in JO_DIDCOMM_ORDERS (didcomm.KVSequencer),
 // shared by every sidecar on the NATS system: orders never repeat, across
-// restarts and sidecars.
+// restarts and sidecars. Under group commit (Broker.Durable) the
+// reservation is durable before any of its messages is written, so no
+// power cut keeps a message and loses its order's reservation.
 //
 // Within one broker a lock per project, thread and sender is held from
 // the reservation until every message of the request has its result, so
@@ -42,7 +44,8 @@ import (
 // repeat and no hole). Orders of messages that certainly were not stored are
 // given back when no reservation came after them; otherwise they are a
 // hole, logged at Warn. A crash between the reservation and the store
-// leaves a hole too: receivers see the orders as missing.
+// leaves no hole: the reservation carries a write-ahead record of its
+// messages, replayed when nobody settled it (stampwal.go).
 
 // didcommOrdersBucket holds the sender_order counters the broker stamps
 // from, one key per project, thread and sender (docs/WIRE.md).
@@ -59,9 +62,14 @@ const (
 
 // stamper is the broker's DIDComm stamping state. The zero value is ready.
 type stamper struct {
-	openMu sync.Mutex // held while opening the bucket
+	openMu sync.Mutex // held while opening the buckets
 	kv     jetstream.KeyValue
+	index  jetstream.KeyValue              // counters holding write-ahead records
 	seqs   map[string]*didcomm.KVSequencer // by project
+
+	ownerMu  sync.Mutex
+	owner    string // this broker's id in write-ahead records
+	ownerSub *nats.Subscription
 
 	locksMu sync.Mutex
 	locks   map[string]*senderLock // by lockKey
@@ -106,12 +114,16 @@ type stampGroup struct {
 	thread, sender string
 	items          []*stampItem
 	first          uint64 // 0 until reserved
+	record         []byte // the write-ahead record reserved with
+	unrecorded     bool   // reserved without a write-ahead record (too large)
 }
 
 // stamping is one request's reservation, held until release.
 type stamping struct {
-	b      *Broker
-	t      *adapter.Topic
+	b       *Broker
+	project string
+	owner   string // the broker's id in write-ahead records
+	t       *adapter.Topic
 	seq    *didcomm.KVSequencer
 	groups []*stampGroup // sorted by lock, the order they are locked in
 	locked int           // groups[:locked] are locked
@@ -132,7 +144,11 @@ func (b *Broker) stamp(ctx context.Context, project string, t *adapter.Topic, ms
 	if err != nil {
 		return nil, err
 	}
-	s := &stamping{b: b, t: t, seq: seq, groups: groups}
+	owner, err := b.stamps.ownerID(b.nc)
+	if err != nil {
+		return nil, err
+	}
+	s := &stamping{b: b, project: project, owner: owner, t: t, seq: seq, groups: groups}
 	for _, g := range groups {
 		g.lock = project + "\x00" + g.thread + "\x00" + g.sender
 	}
@@ -144,13 +160,32 @@ func (b *Broker) stamp(ctx context.Context, project string, t *adapter.Topic, ms
 		}
 		s.locked++
 	}
-	for _, g := range groups {
-		first, err := seq.Reserve(ctx, g.thread, g.sender, uint64(len(g.items)))
+	earlier := make([][]didcomm.Pending, len(groups))
+	for i, g := range groups {
+		first, prev, err := seq.ReserveWith(ctx, g.thread, g.sender, uint64(len(g.items)), func(first uint64) ([]byte, error) {
+			return s.record(g, msgs, first)
+		})
 		if err != nil {
 			s.abandon()
 			return nil, fmt.Errorf("reserve DIDComm sender_order: %w", err)
 		}
-		g.first = first
+		g.first, earlier[i] = first, prev
+		if g.unrecorded {
+			b.log.Warn("DIDComm stamped messages too large for a write-ahead record: a crash before they are stored leaves their orders a hole",
+				"topic", t.String(), "thread", g.thread, "sender", g.sender, "orders", orderRange(first, first+uint64(len(g.items))-1))
+		}
+	}
+	if b.Durable != nil {
+		if err := b.Durable(ctx); err != nil {
+			s.abandon()
+			return nil, fmt.Errorf("%w: DIDComm sender_order reservation: %w", adapter.ErrNotDurable, err)
+		}
+	}
+	for i, g := range groups {
+		if err := s.replayEarlier(ctx, g, earlier[i]); err != nil {
+			s.abandon()
+			return nil, err
+		}
 	}
 	for _, g := range groups {
 		for j, it := range g.items {
@@ -400,8 +435,10 @@ func (s *stamping) finish(results []*adapter.PublishResult) {
 			}
 		}
 		if len(failed) == 0 {
+			s.settle(g)
 			continue
 		}
+		last := g.first + n - 1 // the last order that stays taken
 		if keep < n {
 			ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
 			ok, err := s.seq.GiveBack(ctx, g.thread, g.sender, g.first+keep, n-keep)
@@ -410,23 +447,42 @@ func (s *stamping) finish(results []*adapter.PublishResult) {
 				s.b.log.Warn("give back DIDComm orders", "thread", g.thread, "sender", g.sender, "err", err)
 			}
 			if ok {
-				failed = slices.DeleteFunc(failed, func(o uint64) bool { return o >= g.first+keep })
+				last = g.first + keep - 1
+				failed = slices.DeleteFunc(failed, func(o uint64) bool { return o > last })
 			}
 		}
-		if len(failed) > 0 {
-			s.b.log.Warn("DIDComm orders skipped: stamped messages failed to publish (or their results were lost) and the orders could not be given back; receivers may see them missing",
-				"topic", s.t.String(), "thread", g.thread, "sender", g.sender, "orders", orderList(failed), "err", firstErr)
+		if len(failed) == 0 {
+			s.settle(g)
+			continue
 		}
+		if !g.unrecorded {
+			// Orders that stay taken may have no message stored: the
+			// record publishes again what the topic does not hold, now,
+			// or later if it cannot (the next request of the sender, or
+			// recovery), so they are no hole.
+			ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
+			err := s.b.replay(ctx, s.seq, s.seq.Key(g.thread, g.sender), didcomm.Pending{First: g.first, N: n, Record: g.record}, last)
+			cancel()
+			if err != nil {
+				s.b.log.Info("DIDComm stamped messages failed to publish (or their results were lost): their write-ahead record is replayed later",
+					"topic", s.t.String(), "thread", g.thread, "sender", g.sender, "orders", orderList(failed), "publish_err", firstErr, "err", err)
+			}
+			continue
+		}
+		s.b.log.Warn("DIDComm orders skipped: stamped messages failed to publish (or their results were lost) and the orders could not be given back; receivers may see them missing",
+			"topic", s.t.String(), "thread", g.thread, "sender", g.sender, "orders", orderList(failed), "err", firstErr)
 	}
 }
 
-// abandon gives back every order reserved and unlocks: nothing was sent.
+// abandon gives back every order reserved, settles their records and
+// unlocks: nothing was sent.
 func (s *stamping) abandon() {
 	defer s.unlock()
 	for _, g := range s.groups {
 		if g.first == 0 {
 			continue
 		}
+		defer s.settle(g)
 		ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
 		ok, err := s.seq.GiveBack(ctx, g.thread, g.sender, g.first, uint64(len(g.items)))
 		cancel()
@@ -454,30 +510,49 @@ func (st *stamper) sequencer(ctx context.Context, b *Broker, project string) (*d
 		if err != nil {
 			return nil, err
 		}
-		kv, err := js.KeyValue(ctx, didcommOrdersBucket)
-		if errors.Is(err, jetstream.ErrBucketNotFound) {
-			kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-				Bucket:      didcommOrdersBucket,
-				Description: "jetorder DIDComm sender_order counters the sidecar stamps from: the last order per project, thread and sender",
-				Storage:     jetstream.FileStorage,
-				Replicas:    max(b.BucketReplicas, 1),
-			})
-			if errors.Is(err, jetstream.ErrBucketExists) {
-				kv, err = js.KeyValue(ctx, didcommOrdersBucket) // another sidecar made it first
-			}
-		}
+		kv, err := openBucket(ctx, js, jetstream.KeyValueConfig{
+			Bucket:      didcommOrdersBucket,
+			Description: "jetorder DIDComm sender_order counters the sidecar stamps from: the last order per project, thread and sender",
+			Storage:     jetstream.FileStorage,
+			Replicas:    max(b.BucketReplicas, 1),
+		})
 		if err != nil {
-			return nil, fmt.Errorf("open bucket %s: %w", didcommOrdersBucket, err)
+			return nil, err
 		}
-		st.kv = kv
+		index, err := openBucket(ctx, js, jetstream.KeyValueConfig{
+			Bucket:      didcommPendingBucket,
+			Description: "jetorder DIDComm counters holding write-ahead records of stamped messages not yet confirmed stored",
+			Storage:     jetstream.FileStorage,
+			Replicas:    max(b.BucketReplicas, 1),
+		})
+		if err != nil {
+			return nil, err
+		}
+		st.kv, st.index = kv, index
 		st.seqs = make(map[string]*didcomm.KVSequencer)
 	}
 	seq := st.seqs[project]
 	if seq == nil {
 		seq = didcomm.NewKVSequencer(st.kv, keyrouter.KVToken(project))
+		seq.IndexPending(st.index)
 		st.seqs[project] = seq
 	}
 	return seq, nil
+}
+
+// openBucket opens a KV bucket, creating it with cfg when absent.
+func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, cfg.Bucket) // another sidecar made it first
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
+	}
+	return kv, nil
 }
 
 // lock takes the lock of key, waiting while another request holds it or
@@ -541,6 +616,11 @@ func (st *stamper) wait() {
 	st.closing = true
 	st.bgMu.Unlock()
 	st.bg.Wait()
+	st.ownerMu.Lock()
+	if st.ownerSub != nil {
+		_ = st.ownerSub.Unsubscribe() // gone: another sidecar may replay what is left
+	}
+	st.ownerMu.Unlock()
 }
 
 func orderRange(first, last uint64) string {

@@ -132,8 +132,9 @@ type sidecar struct {
 	tls     bool
 
 	// Started by serve, stopped by shutdown.
-	stopHealth context.CancelFunc
+	stopHealth context.CancelFunc // ends the health watch and stamp recovery
 	healthDone chan struct{}
+	recovered  chan struct{} // closed when stamp recovery ended
 	grpcDone   chan error
 	httpDone   chan error
 }
@@ -222,6 +223,7 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 	}
 	s.b = broker.New(s.nc, log, reg, aopts...)
 	s.b.BucketReplicas = max(cfg.Replicas, 1)
+	s.b.Durable = durable
 	schemas := pubsubapi.NewSchemaServer(s.b.Conn(), max(cfg.Replicas, 1), log)
 	s.api = pubsubapi.New(s.b, pubsubapi.Config{
 		MaxOutstandingMessages: cfg.MaxOutstandingMessages,
@@ -304,6 +306,12 @@ func (s *sidecar) serve(ctx context.Context, ready func(Listening)) error {
 	go func() {
 		defer close(s.healthDone)
 		watchHealth(hctx, s.hs, s.ready)
+	}()
+	// DIDComm stamped messages a crash left between reservation and store.
+	s.recovered = make(chan struct{})
+	go func() {
+		defer close(s.recovered)
+		s.b.RecoverStampsLoop(hctx)
 	}()
 	s.grpcDone = make(chan error, 1)
 	go func() { s.grpcDone <- s.gs.Serve(s.gl) }()
@@ -399,6 +407,7 @@ func (s *sidecar) shutdown() {
 	// 1. Refuse new work.
 	s.stopHealth()
 	<-s.healthDone
+	<-s.recovered
 	s.hs.Shutdown()
 
 	// 2. Let clients settle.

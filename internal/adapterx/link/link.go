@@ -12,4 +12,5 @@ var (
 	Superseded any
 	HandOver   any
 	Revoked    any
+	FromStored any
 )
