@@ -124,9 +124,9 @@ type stamping struct {
 	project string
 	owner   string // the broker's id in write-ahead records
 	t       *adapter.Topic
-	seq    *didcomm.KVSequencer
-	groups []*stampGroup // sorted by lock, the order they are locked in
-	locked int           // groups[:locked] are locked
+	seq     *didcomm.KVSequencer
+	groups  []*stampGroup // sorted by lock, the order they are locked in
+	locked  int           // groups[:locked] are locked
 }
 
 // stamp stamps the messages of a request that ask for it, after checking
