@@ -73,6 +73,9 @@ type partitionedMode struct {
 
 	// the partitions' owner records, for fast take-over (takeover.go)
 	owners jetstream.KeyValue
+	// the recorded owners found gone, by partition (ownerFoundGone)
+	goneMu     sync.Mutex
+	goneOwners map[int]ownerRecord
 }
 
 var _ deliveryMode = (*partitionedMode)(nil)

@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -77,13 +78,22 @@ func (m *partitionedMode) gone(ctx context.Context, rid string) bool {
 	return m.r.presence.gone(ctx, rid)
 }
 
-// recordedOwner reads partition p's owner record.
-func (p *partition) recordedOwner(ctx context.Context) (ownerRecord, bool) {
+// recordedOwner reads partition p's owner record. found is false, with no
+// error, when no receiver ever recorded itself for the partition (in this
+// epoch).
+func (p *partition) recordedOwner(ctx context.Context) (rec ownerRecord, found bool, err error) {
 	e, err := p.m.owners.Get(ctx, p.m.ownerKey(p.index))
-	if err != nil {
-		return ownerRecord{}, false
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return ownerRecord{}, false, nil
 	}
-	return parseOwnerRecord(e.Value())
+	if err != nil {
+		return ownerRecord{}, false, err
+	}
+	rec, ok := parseOwnerRecord(e.Value())
+	if !ok {
+		return ownerRecord{}, false, fmt.Errorf("owner record %q not understood", e.Value())
+	}
+	return rec, true, nil
 }
 
 // recordOwner writes this receiver, with pin, as partition p's owner.
@@ -94,7 +104,9 @@ func (p *partition) recordOwner(ctx context.Context, pin string) error {
 
 // freeGoneOwners nacks every unacked message of the partition that this
 // receiver does not hold, when nobody alive can hold one: the recorded
-// owner is another receiver that is gone, or this one. (An owner records
+// owner is another receiver that is gone, or this one, or there is no
+// record at all (whoever was pinned before never started a handler: it died
+// in its fence, or is fenced and started nothing). (An owner records
 // itself before its first handler starts, so no receiver that started a
 // handler of the partition since this one's record can exist; one that was
 // pinned meanwhile and fenced started none.) The server then redelivers
@@ -104,15 +116,16 @@ func (p *partition) recordOwner(ctx context.Context, pin string) error {
 // unseen). info is the consumer's, taken by the fence. It reports whether
 // it nacked anything.
 func (p *partition) freeGoneOwners(ctx context.Context, info *jetstream.ConsumerInfo) bool {
-	rec, ok := p.recordedOwner(ctx)
-	if !ok || (rec.receiver != p.m.rid() && !p.m.gone(ctx, rec.receiver)) {
+	rec, found, err := p.recordedOwner(ctx)
+	if err != nil || (found && rec.receiver != p.m.rid() && !p.m.ownerGone(ctx, p.index, rec)) {
 		return false
 	}
 	return p.nackUnheld(ctx, info, rec) > 0
 }
 
 // nackUnheld nacks every unacked message of the partition, as of info,
-// that this receiver does not hold; rec is the gone owner, for the log.
+// that this receiver does not hold; rec is the gone owner, for the log
+// (zero: nobody ever recorded itself).
 func (p *partition) nackUnheld(ctx context.Context, info *jetstream.ConsumerInfo, rec ownerRecord) int {
 	r := p.r
 	// Any delivery sequence from the consumer's ack floor to its last
@@ -141,6 +154,9 @@ func (p *partition) nackUnheld(ctx context.Context, info *jetstream.ConsumerInfo
 	case nacked > 0 && rec.receiver == p.m.rid():
 		r.c.cfg.logger.Info("unacked messages of partition nobody holds (lost on the way, or acks the server lost) are delivered again now",
 			"subscription", r.sub.id, "partition", p.index, "messages", nacked)
+	case nacked > 0 && rec.receiver == "":
+		r.c.cfg.logger.Info("unacked messages of a partition nobody took over (its pin holder never recorded itself) are delivered again now",
+			"subscription", r.sub.id, "partition", p.index, "messages", nacked)
 	case nacked > 0:
 		r.c.cfg.logger.Info("previous owner of partition is gone: its unacked messages are delivered again now",
 			"subscription", r.sub.id, "partition", p.index, "previous_owner", rec.receiver, "messages", nacked)
@@ -156,7 +172,12 @@ func (p *partition) nackUnheld(ctx context.Context, info *jetstream.ConsumerInfo
 // server pins a waiting pull request instead of waiting for the pin's TTL,
 // and nacks its unacked messages, so that they come back now. (With
 // nothing new to deliver, no message would reach a new owner, and its
-// fence never start, before their ack deadline.)
+// fence never start, before their ack deadline.) A partition nobody ever
+// recorded itself for is freed the same way, without asking anyone: every
+// receiver pinned to it so far died or waits in its fence, having started
+// nothing (a process killed while its first fences were up, its
+// successor, or a NATS server restart that cleared the pins, would
+// otherwise wait for the ack deadline of what it pulled).
 func (m *partitionedMode) watchOwners() {
 	defer m.loops.Done()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -169,6 +190,11 @@ func (m *partitionedMode) watchOwners() {
 	}
 	defer func() { _ = w.Stop() }()
 	records := make(map[int]ownerRecord)
+	loaded := false // the watch's initial values are in: a missing record is none
+	// when to look again at a partition without a record: one found quiet
+	// (nothing pending or unacked) costs a consumer info every few seconds
+	// only, not twice a second
+	nextLook := make([]time.Time, len(m.parts))
 	reconnects := m.r.c.nc.Stats().Reconnects
 	lostAcks := make(map[int]bool) // owned partitions to check for acks the server lost
 	t := time.NewTicker(500 * time.Millisecond)
@@ -188,6 +214,8 @@ func (m *partitionedMode) watchOwners() {
 			}
 			// The initial values are in: look at once (a restarted
 			// process's predecessor is gone).
+			loaded = true
+			m.r.c.cfg.logger.Debug("owner records loaded", "subscription", m.r.sub.id, "records", len(records))
 		case <-t.C:
 		case <-m.stopped:
 			return
@@ -197,20 +225,33 @@ func (m *partitionedMode) watchOwners() {
 			for _, p := range m.parts {
 				lostAcks[p.index] = true
 			}
+			clear(nextLook) // the server may have restarted: pins are gone
 		}
+		// Beside the take-overs, not before them: each can wait for its
+		// timeout while the server comes back.
+		var takes sync.WaitGroup // partitions are taken over together: each costs round trips
+		recovered := make([]bool, len(m.parts))
 		for i := range lostAcks {
-			if m.parts[i].recoverLostAcks(ctx) {
-				delete(lostAcks, i)
-			}
+			takes.Go(func() { recovered[i] = m.parts[i].recoverLostAcks(ctx) })
 		}
 		gone := make(map[string]bool)
-		var takes sync.WaitGroup // partitions are taken over together: each costs round trips
+		now := time.Now()
 		for _, p := range m.parts {
 			rec, ok := records[p.index]
 			p.mu.Lock()
 			owned := p.g.pin != ""
 			p.mu.Unlock()
-			if owned || !ok || rec.receiver == m.rid() {
+			switch {
+			case owned || (ok && rec.receiver == m.rid()):
+				continue
+			case !ok:
+				if loaded && !now.Before(nextLook[p.index]) {
+					takes.Go(func() {
+						if p.takeFromGone(ownerRecord{}) {
+							nextLook[p.index] = time.Now().Add(quietLook)
+						}
+					})
+				}
 				continue
 			}
 			g, asked := gone[rec.receiver]
@@ -218,11 +259,55 @@ func (m *partitionedMode) watchOwners() {
 				g = m.gone(ctx, rec.receiver)
 				gone[rec.receiver] = g
 			}
-			if g {
+			if m.ownerFoundGone(p.index, rec, g) {
 				takes.Go(func() { p.takeFromGone(rec) })
 			}
 		}
 		takes.Wait()
+		for i, ok := range recovered {
+			if ok {
+				delete(lostAcks, i)
+			}
+		}
+	}
+}
+
+// quietLook is how often watchOwners looks at a partition without an
+// owner record that had nothing pending or unacked.
+const quietLook = 3 * time.Second
+
+// ownerGone reports whether rec, partition i's recorded owner (another
+// receiver), is to be taken for gone (ownerFoundGone).
+func (m *partitionedMode) ownerGone(ctx context.Context, i int, rec ownerRecord) bool {
+	return m.ownerFoundGone(i, rec, m.gone(ctx, rec.receiver))
+}
+
+// ownerFoundGone decides whether partition i's recorded owner rec is gone,
+// given what its presence said now (gone: no responder, outside
+// reconnectGrace), and remembers an owner found gone. Within reconnectGrace
+// presence proves nothing, but an owner found gone before that reconnect
+// is still taken for gone while its record is unchanged: its partition was
+// being taken over (unpinned, its messages nacked, perhaps into the
+// connection that broke), and one that came back and took the partition
+// anew would have recorded a new pin. Without this, a NATS server crash
+// during a take-over made the partition wait reconnectGrace and more.
+func (m *partitionedMode) ownerFoundGone(i int, rec ownerRecord, gone bool) bool {
+	m.goneMu.Lock()
+	defer m.goneMu.Unlock()
+	switch {
+	case gone:
+		if m.goneOwners == nil {
+			m.goneOwners = make(map[int]ownerRecord)
+		}
+		m.goneOwners[i] = rec
+		return true
+	case m.r.presence.reconnectedLately():
+		return m.goneOwners[i] == rec
+	default:
+		// It answered, or may have: whatever was found before no longer
+		// holds.
+		delete(m.goneOwners, i)
+		return false
 	}
 }
 
@@ -245,7 +330,9 @@ func (p *partition) recoverLostAcks(ctx context.Context) bool {
 	defer cancel()
 	info, err := p.cons.Info(ctx)
 	if err != nil {
-		return false // the server may not be back yet
+		// the server may not be back yet
+		p.r.c.cfg.logger.Debug("acks the server lost not looked for yet: no consumer info", "subscription", p.r.sub.id, "partition", p.index, "err", err)
+		return false
 	}
 	if info.NumAckPending > 0 {
 		p.nackUnheld(ctx, info, ownerRecord{receiver: p.m.rid()})
@@ -259,15 +346,27 @@ func (p *partition) recoverLostAcks(ctx context.Context) bool {
 // than the pin's TTL.
 const unrecordedPinGrace = 1500 * time.Millisecond
 
-// takeFromGone frees p from rec, its recorded owner, which is gone
-// (watchOwners).
-func (p *partition) takeFromGone(rec ownerRecord) {
+// takeFromGone frees p from rec, its recorded owner, which is gone, or
+// from whoever pulled its messages without ever recording itself (rec
+// zero) (watchOwners). It reports whether the partition was found quiet:
+// nothing pending or unacked.
+func (p *partition) takeFromGone(rec ownerRecord) (quiet bool) {
 	r := p.r
 	ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 2*time.Second))
 	defer cancel()
 	info, err := p.cons.Info(ctx)
-	if err != nil || (info.NumPending == 0 && info.NumAckPending == 0) {
-		return
+	if err != nil {
+		r.c.cfg.logger.Debug("partition not taken over: no consumer info", "subscription", r.sub.id, "partition", p.index, "err", err)
+		return false
+	}
+	if info.NumPending == 0 && info.NumAckPending == 0 {
+		return true
+	}
+	if rec.receiver == "" {
+		// The watch may lag behind a record just written: ask the bucket.
+		if _, found, err := p.recordedOwner(ctx); err != nil || found {
+			return false
+		}
 	}
 	pinned := pinnedIn(info)
 	if pinned != "" && pinned != rec.pin {
@@ -277,7 +376,8 @@ func (p *partition) takeFromGone(rec ownerRecord) {
 		// (a NATS server restart re-pins, so the owner fences again). A
 		// fenced holder has started nothing, so unpinning it costs only
 		// time; after unrecordedPinGrace it is unpinned, and whoever is
-		// pinned next frees the gone owner's messages in its fence.
+		// pinned next frees the gone owner's messages in its fence. (With
+		// no record at all, every holder so far was such a one.)
 		if at := pinnedAt(info); at.IsZero() || time.Since(at) < unrecordedPinGrace {
 			return
 		}
@@ -285,7 +385,7 @@ func (p *partition) takeFromGone(rec ownerRecord) {
 			r.c.cfg.logger.Debug("unpin of a partition pinned to a receiver that never took it over failed", "subscription", r.sub.id, "partition", p.index, "err", err)
 			return
 		}
-		r.c.cfg.logger.Info("partition pinned to a receiver that has not taken it over for a while, after its owner left: unpinned it",
+		r.c.cfg.logger.Info("partition pinned to a receiver that has not taken it over for a while, after its owner left or before any owner: unpinned it",
 			"subscription", r.sub.id, "partition", p.index, "previous_owner", rec.receiver, "pinned_for", time.Since(pinnedAt(info)).Round(time.Millisecond))
 		return
 	}
@@ -299,4 +399,5 @@ func (p *partition) takeFromGone(rec ownerRecord) {
 	if info.NumAckPending > 0 {
 		p.nackUnheld(ctx, info, rec)
 	}
+	return false
 }

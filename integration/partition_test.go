@@ -231,6 +231,94 @@ func TestTakeOverFromGone(t *testing.T) {
 	}
 }
 
+// TestTakeOverFromUnrecorded: a receiver pulls a partition's messages and
+// dies before it records itself as the partition's owner (its fence had not
+// lifted: no handler started), and no receiver ever recorded itself for the
+// partition. Another receiver must take the partition over within seconds,
+// not at the pin's TTL (10 s) or the messages' ack deadline (60 s): so a
+// sidecar killed while its first fences were up, or a NATS server restart
+// that cleared the pins right after, cost an ack deadline (the pipelined
+// chaos test's 8-9 s outliers).
+//   - pinned: the dead receiver still holds the pin, which is taken away
+//     after unrecordedPinGrace;
+//   - unpinned: the pin is gone already, as after a NATS server restart.
+func TestTakeOverFromUnrecorded(t *testing.T) {
+	for _, unpin := range []bool{false, true} {
+		name := "pinned"
+		if unpin {
+			name = "unpinned"
+		}
+		t.Run(name, func(t *testing.T) {
+			opts := []adapter.Option{adapter.WithFailoverTimeout(10 * time.Second)}
+			e := newEnv(t, opts...)
+			topic := e.createTopic("unrec")
+			e.createSub("unrec-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: time.Minute,
+				Delivery: adapter.DeliveryPartitioned, Partitions: 1})
+			const n = 5
+			for i := range n {
+				publish(t, topic, string(ordercheck.Encode("k", i)), "k")
+			}
+			// The dead receiver: pinned by its pull, it takes every message
+			// and goes away without a word.
+			ctx := context.Background()
+			ncX := testutil.Connect(t, e.srv.ClientURL())
+			jsX, err := jetstream.New(ncX)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stream, consName := keyrouter.StreamName(project, "unrec"), keyrouter.PartitionConsumer(project, "unrec-sub", 0)
+			cons, err := jsX.Consumer(ctx, stream, consName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			batch, err := cons.Fetch(n, jetstream.FetchPriorityGroup("jetorder"), jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := 0
+			for range batch.Messages() {
+				got++
+			}
+			if got != n {
+				t.Fatalf("the dead receiver pulled %d messages, want %d (err %v)", got, n, batch.Error())
+			}
+			ncX.Close()
+			js := jetstreamOf(t, e)
+			if unpin {
+				s, err := js.Stream(ctx, stream)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.UnpinConsumer(ctx, consName, "jetorder"); err != nil {
+					t.Fatal(err)
+				}
+			} else if pinnedClient(t, js, stream, consName) == "" {
+				t.Fatal("the dead receiver's pull did not pin the partition")
+			}
+			died := time.Now()
+			check, log := ordercheck.New(), &partLog{}
+			for i := range n {
+				check.Published("k", i)
+			}
+			_, cB := e.connect(opts...)
+			startReceive(t, cB.Subscription("unrec-sub"), func(ctx context.Context, m *adapter.Message) {
+				ev := log.add("B", m)
+				check.Delivered("unrec-sub", ev.key, ev.index)
+				check.Acked("unrec-sub", ev.key, ev.index)
+				log.ack(m)
+			})
+			testutil.Eventually(t, 6*time.Second, func() bool { return check.Complete("unrec-sub") },
+				"not every message acked within 6 s of the receiver's death (pin TTL 10 s, ack deadline 60 s): %s; deliveries:\n%s",
+				func() string { return check.Missing("unrec-sub") }, log.String)
+			if v := check.Violations(); len(v) > 0 {
+				t.Fatalf("ordering violations:\n%s\ndeliveries:\n%s", strings.Join(v, "\n"), log)
+			}
+			first, _ := log.first("B", "k", 0)
+			t.Logf("k|0 at B %v after the receiver died (attempt %d)", first.at.Sub(died).Round(time.Millisecond), first.attempt)
+		})
+	}
+}
+
 // TestPartitionOwnerLosesPinWhileHandlerRuns: A is alive and connected but
 // loses the partition (an operator unpins it); A hands held|1 back at once
 // and keeps extending held|0, whose handler runs on. B, the new owner,
