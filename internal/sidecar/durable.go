@@ -34,7 +34,7 @@ import (
 func readOnlyRPC(fullMethod string) bool {
 	name := fullMethod[strings.LastIndexByte(fullMethod, '/')+1:]
 	switch name {
-	case "Publish", "Pull", "Acknowledge", "ModifyAckDeadline", "TestIamPermissions", "Check", "Watch":
+	case "Publish", "Pull", "StreamingPull", "Acknowledge", "ModifyAckDeadline", "TestIamPermissions", "Check", "Watch":
 		return true
 	}
 	for _, p := range []string{"Get", "List", "Validate", "ServerReflectionInfo"} {
