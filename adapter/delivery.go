@@ -70,6 +70,11 @@ type holder interface {
 	// with pipelined ordering it stays held (acked or nacked later) and the
 	// next message of its key may start.
 	handOver(d *delivery)
+	// pipelines reports whether handOver keeps a delivery held while the
+	// next message of its key starts (pipelined ordering): only then may a
+	// layer above hand a message over before its handler returns
+	// (Message.HandOver).
+	pipelines() bool
 }
 
 // delivery is one message this process holds, from its arrival until it is

@@ -129,6 +129,69 @@ func (m *Message) Release() {
 	}
 }
 
+// A layer that passes delivered messages on to consumers of its own, as
+// the sidecar leases them to streaming-pull clients, learns from the three
+// methods below when to pass a message on and when to stop. Each is safe
+// for concurrent use and does not block.
+
+// HandOver tells Receive that the application is done with the message as
+// its handler would be by returning, though the handler goes on (waiting
+// for the message's outcome from a consumer of its own, say): under
+// PipelinedOrdering the next message of its key may start, and this one
+// stays held until it is acked or nacked. The sidecar calls it once a
+// client stream has the message, so that a key's messages follow each
+// other on the stream without waiting for each one's ack. Where keys are
+// delivered with StrictOrdering (PipelinedOrdering says when they are),
+// for a message without ordering key, or for a message Receive did not
+// deliver, it does nothing. Calling it again, or returning
+// from the handler after it, is harmless.
+func (m *Message) HandOver() {
+	if m.d != nil && m.d.home.pipelines() {
+		m.d.home.handOver(m.d)
+	}
+}
+
+// Revoked returns a channel that is closed when Receive hands the message
+// back on its own under PipelinedOrdering: an earlier message of its key
+// was nacked, and this one comes again after it. Its outcome no longer
+// counts (an Ack of it is not sent): a layer should not pass it on, and
+// should forget it if it has; its handler may return. The channel is nil,
+// never ready, without pipelining or for a message Receive did not
+// deliver.
+func (m *Message) Revoked() <-chan struct{} {
+	if m.d == nil {
+		return nil
+	}
+	return m.d.revokedC
+}
+
+// Superseded returns a channel that is closed once the subscription is
+// sought (SeekToTime, SeekToSequence) after the message was delivered:
+// the seek decides whether the subscription delivers it again, and
+// handing it back acks it. A layer that has not yet passed the message on
+// should not, and should Release it instead. The channel is nil, never
+// ready, for a message Receive did not deliver.
+func (m *Message) Superseded() <-chan struct{} {
+	if m.d == nil {
+		return nil
+	}
+	return m.d.r.superseded
+}
+
+// ReadMessage reads a message as a topic's stream stores it (the data and
+// NATS headers a JetStream consumer or a direct get of the stream
+// keyrouter.StreamName names returns) the way Receive reads it: its
+// ordering key, attributes, ID and RSB event fields, with h as its Header.
+// A header it cannot decode is ignored, as Receive ignores it. The fields
+// that come from a delivery (PublishTime, StreamSequence, DeliveryAttempt,
+// ReceiveTime) are left zero, and Ack and the other methods that settle a
+// delivery do nothing.
+func ReadMessage(data []byte, h nats.Header) *Message {
+	m := &Message{Data: data, Header: h}
+	readHeaders(h, m)
+	return m
+}
+
 // PubSubAttributes returns the message's attributes as a Pub/Sub client
 // of the sidecar sees them, and as subscription filters match them: the
 // Attributes, plus every other header of the stored message that is not

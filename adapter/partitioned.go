@@ -578,6 +578,8 @@ func (p *partition) confirmLater(d *delivery) {
 	}
 }
 
+func (p *partition) pipelines() bool { return p.g.window > 1 }
+
 func (p *partition) handOver(d *delivery) {
 	if p.g.window == 1 {
 		p.release(d, false) // strict: not acked by now, it comes back

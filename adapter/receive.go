@@ -626,6 +626,11 @@ func (r *receiver) confirmLater(d *delivery) { r.release(d, true) }
 // by now comes back after its deadline (strict ordering only).
 func (r *receiver) handOver(d *delivery) { r.release(d, false) }
 
+// pipelines: never. The keyed messages the receiver holds are per-key
+// delivery's, strict for the reason above; the rest have no key whose
+// next message could start.
+func (r *receiver) pipelines() bool { return false }
+
 // dispatch hands queued messages to handlers, at most
 // MaxOutstandingMessages at a time.
 func (r *receiver) dispatch() {

@@ -858,8 +858,17 @@ func (s *Subscription) Delete(ctx context.Context) error {
 	return nil
 }
 
-// state is adapterx.State.
-func (s *Subscription) state(ctx context.Context) (kv jetstream.KeyValue, prefix string, err error) {
+// LayerState returns the key-value bucket where a layer built on the
+// library keeps state of its own for the subscription (package didcomm
+// keeps its gap tracking there), and the key prefix that belongs to it.
+// Keys under prefix+"." are the caller's, to read and write as it likes;
+// a layer should add a name of its own (prefix+".didcomm."...). Delete
+// removes them with the subscription, and the prefix names this
+// incarnation of the subscription, so a subscription deleted and created
+// again with the same id starts with no state. It creates the bucket on
+// first use. Without a deadline in ctx the client's API timeout applies;
+// it returns ErrSubscriptionNotFound if the subscription does not exist.
+func (s *Subscription) LayerState(ctx context.Context) (kv jetstream.KeyValue, prefix string, err error) {
 	ctx, cancel := s.c.withTimeout(ctx)
 	defer cancel()
 	rec, err := s.load(ctx)

@@ -406,6 +406,28 @@ func (t *Topic) Publish(ctx context.Context, msg *Message) *PublishResult {
 	return t.publisher().add(ctx, msg.OrderingKey, m)
 }
 
+// Validate checks msg as Publish does before queueing it (ordering key,
+// attributes, headers, size), without publishing it: nil means Publish
+// would not refuse it. A layer that takes several messages in one request
+// can check them all first, so that a request with one bad message stores
+// none. It does not modify msg, does not block, and is safe for concurrent
+// use.
+func (t *Topic) Validate(msg *Message) error {
+	_, err := t.encode(msg)
+	return err
+}
+
+// Refuse fails a message that a layer built on the topic could not turn
+// into a Message (an event it could not encode, say), exactly as Publish
+// fails one it refuses: the result holds err, and a valid orderingKey is
+// paused as Publish pauses it, so that the key's later messages are not
+// stored in the refused one's place (ResumePublish resumes it). An empty
+// orderingKey pauses nothing. It does not block, and is safe for
+// concurrent use.
+func (t *Topic) Refuse(orderingKey string, err error) *PublishResult {
+	return t.publisher().refuse(orderingKey, err)
+}
+
 // Flush sends every queued message now and waits until each is stored or
 // has failed.
 func (t *Topic) Flush() { t.publisher().flush() }

@@ -21,7 +21,6 @@ var cpuComponents = []struct{ name, prefix string }{
 	{"nats-server", "github.com/nats-io/nats-server/"},
 	{"nats.go", "github.com/nats-io/nats.go"},
 	{"jetorder adapter", "github.com/jetorder/jetorder/adapter."},
-	{"jetorder adapter", "github.com/jetorder/jetorder/internal/adapterx"},
 	{"jetorder adapter", "github.com/jetorder/jetorder/keyrouter."},
 	{"jetorder adapter", "github.com/jetorder/jetorder/internal/filter."},
 	{"jetorder adapter", "github.com/jetorder/jetorder/internal/rsb."},

@@ -34,7 +34,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetorder/jetorder/adapter"
-	"github.com/jetorder/jetorder/internal/adapterx"
 )
 
 // Mode is how an event is laid out in a message.
@@ -289,7 +288,7 @@ func Publish(ctx context.Context, t *adapter.Topic, e event.Event, opts ...Publi
 	key := orderingKey(e, cfg)
 	m, err := Encode(e, cfg.mode)
 	if err != nil {
-		return adapterx.Refuse(t, key, err) // a keyed event pauses its key
+		return t.Refuse(key, err) // a keyed event pauses its key
 	}
 	m.OrderingKey = key
 	return t.Publish(ctx, m)

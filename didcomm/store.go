@@ -8,7 +8,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/adapter"
-	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -46,7 +45,7 @@ func NewKVStore(kv jetstream.KeyValue, prefix string) *KVStore {
 // adapter's per-subscription state bucket, removed with the subscription.
 // Every tracker opened on the same subscription shares it.
 func SubscriptionStore(ctx context.Context, sub *adapter.Subscription) (*KVStore, error) {
-	kv, prefix, err := adapterx.State(ctx, sub)
+	kv, prefix, err := sub.LayerState(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
-	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
@@ -404,7 +403,7 @@ func TestDIDCommTrackerBelongsToOneIncarnation(t *testing.T) {
 func requireNoState(t *testing.T, sub *adapter.Subscription) {
 	t.Helper()
 	ctx := context.Background()
-	kv, prefix, err := adapterx.State(ctx, sub)
+	kv, prefix, err := sub.LayerState(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

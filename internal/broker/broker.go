@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetorder/jetorder/adapter"
-	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/internal/metrics"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -138,7 +137,7 @@ func (b *Broker) Publish(ctx context.Context, project, topic string, msgs []*ada
 		}
 	}()
 	for i, m := range msgs {
-		if err := adapterx.Validate(t, m); err != nil {
+		if err := t.Validate(m); err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
 	}

@@ -17,7 +17,6 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
-	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -26,7 +25,7 @@ import (
 // A request's messages are all checked before any order is reserved: the
 // attribute's value, that the message is DIDComm in exactly one form, has
 // id and from and no sender_order yet, and that it still passes
-// adapterx.Validate once stamped with the longest order there is, so that no
+// Topic.Validate once stamped with the longest order there is, so that no
 // reserved order is thrown away for a reason known beforehand. Then, per
 // thread and sender, in request order, one compare-and-set reserves the
 // orders of all its messages in JO_DIDCOMM_ORDERS (didcomm.KVSequencer),
@@ -220,7 +219,7 @@ func stampGroups(t *adapter.Topic, msgs []*adapter.Message) ([]*stampGroup, erro
 		if err := it.apply(&trial, math.MaxUint64); err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w: cannot stamp sender_order: %w", i, adapter.ErrInvalidMessage, err)
 		}
-		if err := adapterx.Validate(t, &trial); err != nil {
+		if err := t.Validate(&trial); err != nil {
 			return nil, fmt.Errorf("messages[%d]: once stamped: %w", i, err)
 		}
 		k := [2]string{it.h.ThreadID(), it.h.From}

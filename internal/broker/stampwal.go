@@ -15,7 +15,6 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
-	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -277,7 +276,7 @@ func (b *Broker) storedOrders(ctx context.Context, rec *stampRecord, first uint6
 			if md, err := m.Metadata(); err == nil {
 				pending = md.NumPending
 			}
-			h, err := didcomm.Read(adapterx.FromStored(m.Data(), m.Headers()))
+			h, err := didcomm.Read(adapter.ReadMessage(m.Data(), m.Headers()))
 			if err == nil && h.ThreadID() == rec.Thread && h.From == rec.Sender && h.SenderOrder >= first && h.SenderOrder < first+uint64(len(rec.Msgs)) {
 				stored[h.SenderOrder] = true
 			}

@@ -56,7 +56,7 @@ func (a *api) didcommThread(w http.ResponseWriter, r *http.Request, project stri
 // subscription's tracker, as the last tracker to save it left it: an
 // unknown thread has none. It opens a tracker per call: that reads the
 // subscription's record and looks its state bucket up
-// (adapterx.State), which a cached tracker would need as well, to
+// (Subscription.LayerState), which a cached tracker would need as well, to
 // notice a subscription deleted and created again under the same id.
 func (a *api) receivedOrders(ctx context.Context, project, id, thread string) ([]didcomm.ReceivedOrder, error) {
 	c, err := a.b.Client(project)

@@ -20,7 +20,6 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/cloudevents"
-	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -114,7 +113,7 @@ func (a *api) publishBatch(w http.ResponseWriter, r *http.Request, project, topi
 		return
 	}
 	for i, m := range msgs {
-		if err := adapterx.Validate(t, m); err != nil {
+		if err := t.Validate(m); err != nil {
 			a.fail(w, r, errorf(statusOf(err), "events[%d]: %w", i, err))
 			return
 		}

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetorder/jetorder/adapter"
-	"github.com/jetorder/jetorder/internal/adapterx"
 	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/internal/metrics"
 	jstatus "github.com/jetorder/jetorder/internal/status"
@@ -338,7 +337,7 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 	// Closed when the adapter hands the message back on its own: an
 	// earlier message of its key was nacked (pipelined ordering), and it
 	// comes again after that one.
-	revoked := adapterx.Revoked(m)
+	revoked := m.Revoked()
 	for offered := false; !offered; {
 		// DIDComm tracking observes the message before a client gets it,
 		// also when it is switched on while the message waits here.
@@ -361,7 +360,7 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 		case <-ctx.Done():
 			m.Release()
 			return
-		case <-adapterx.Superseded(m):
+		case <-m.Superseded():
 			// Sought before any client took it: the adapter acks it, and the
 			// new epoch delivers it again if the seek says so.
 			m.Release()
@@ -571,7 +570,7 @@ func (d *dispatcher) unhold(l *lease) {
 func (d *dispatcher) lease(l *lease, st *pullStream, f *flow, deadline time.Duration) *pb.ReceivedMessage {
 	id := leaseIDs.Add(1)
 	d.mu.Lock()
-	if l.gone || d.drainSet || closed(adapterx.Revoked(l.msg)) {
+	if l.gone || d.drainSet || closed(l.msg.Revoked()) {
 		gone := l.gone
 		d.mu.Unlock()
 		if !gone {
@@ -589,7 +588,7 @@ func (d *dispatcher) lease(l *lease, st *pullStream, f *flow, deadline time.Dura
 	d.mu.Unlock()
 	if handOver {
 		// On the stream: the key's next message may follow it there.
-		adapterx.HandOver(l.msg)
+		l.msg.HandOver()
 	}
 
 	d.m.Delivered.Inc()
