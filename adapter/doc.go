@@ -83,4 +83,14 @@
 // is gone, the discovery lease's holder pauses the key consumers with a
 // message unacked, asks the other members which of those they hold, and
 // nacks the rest, so they are redelivered at once (takeover_perkey.go).
+//
+// # Inspection
+//
+// An Inspector reads, for monitoring, what the account holds: its topics
+// (Inspector.Topics) and per subscription the backlog, unacked messages,
+// partitions and their owners, the discovery floor and the oldest unacked
+// message (Inspector.Subscriptions), with a bounded number of lookups. Its
+// readers need none of the storage layout (docs/WIRE.md): this package
+// writes it, and inspect.go is where it is read back for them. The
+// sidecar's status page and metrics read through it.
 package adapter

@@ -413,11 +413,33 @@ func (s *Subscription) String() string {
 func (s *Subscription) kvKey() string { return keyrouter.KVKey(s.c.project, s.id) }
 
 // floorKey is where key discovery of the epoch's consumers keeps its floor.
-func (s *Subscription) floorKey(epoch uint64) string {
+func (s *Subscription) floorKey(epoch uint64) string { return floorKey(s.kvKey(), epoch) }
+
+// floorKey is the registry key of the discovery floor of the epoch's
+// consumers of the subscription whose registry key is kvKey.
+func floorKey(kvKey string, epoch uint64) string {
 	if epoch == 0 {
-		return s.kvKey() + ".floor"
+		return kvKey + ".floor"
 	}
-	return s.kvKey() + ".floor.e" + strconv.FormatUint(epoch, 10)
+	return kvKey + ".floor.e" + strconv.FormatUint(epoch, 10)
+}
+
+// floorEpoch is the epoch whose floor key is key, of the subscription
+// whose registry key is kvKey; ok is false for any other key.
+func floorEpoch(kvKey, key string) (epoch uint64, ok bool) {
+	rest, ok := strings.CutPrefix(key, floorKey(kvKey, 0))
+	switch {
+	case !ok:
+		return 0, false
+	case rest == "":
+		return 0, true
+	}
+	n, ok := strings.CutPrefix(rest, ".e")
+	if !ok {
+		return 0, false
+	}
+	epoch, err := strconv.ParseUint(n, 10, 64)
+	return epoch, err == nil && floorKey(kvKey, epoch) == key
 }
 
 // CreateSubscription creates a subscription that receives every message

@@ -4,10 +4,10 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"maps"
 	"net/url"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -18,7 +18,6 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	jstatus "github.com/jetorder/jetorder/internal/status"
-	"github.com/jetorder/jetorder/keyrouter"
 )
 
 // The sidecar's status (GET /v1/status, the page at /, and the gauges of
@@ -31,6 +30,9 @@ import (
 //     partitions and their owners. The observer reads it at most once a
 //     second, in the background, while Status is being called, and Status
 //     returns the last read; a read that takes long spaces the next out.
+//     It reads through adapter.Inspector, which knows the storage layout
+//     (docs/WIRE.md) and bounds its lookups; the observer supplies the
+//     subscriptions' configurations, listed in full every listInterval.
 
 const (
 	// observeInterval is the least time between two JetStream reads.
@@ -46,9 +48,6 @@ const (
 	// between lists, a subscription found by its consumers has its
 	// configuration read once.
 	listInterval = 10 * time.Second
-	// maxOldestLookups bounds the messages read per subscription to find
-	// its oldest unacked message.
-	maxOldestLookups = 8
 	// staleRead is how old the last read may be for Status to return it
 	// without waiting for the next.
 	staleRead = 5 * time.Second
@@ -116,7 +115,7 @@ func (s *Server) status(last, good *jsRead) *jstatus.Status {
 		st.JetStream.MemoryBytes = good.account.Memory
 		st.Topics = good.topics
 		for name, r := range good.subs {
-			subs[name] = r.status(name, now)
+			subs[name] = subscriptionStatus(r, now)
 		}
 	}
 
@@ -383,30 +382,29 @@ type jsRead struct {
 	rtt     time.Duration
 	account *jetstream.AccountInfo
 	topics  []jstatus.Topic
-	subs    map[string]*subRead
+	subs    map[string]*adapter.SubscriptionState // by subscription name
 }
 
-// subRead is what one read found of a subscription.
-type subRead struct {
-	cfg        *adapter.SubscriptionConfig // nil: not known
-	backlog    uint64                      // of its consumers of unkeyed messages
-	keyed      uint64                      // the backlog of its consumers of keyed messages
-	unacked    uint64
-	consumers  int
-	oldest     time.Time // stored time of the oldest unacked message; zero: none
-	partitions []jstatus.Partition
-}
-
-func (r *subRead) status(name string, now time.Time) *jstatus.Subscription {
-	sub := &jstatus.Subscription{Name: name, Backlog: r.backlog, Unacked: r.unacked, Consumers: r.consumers, JetStreamRead: true, Paused: []jstatus.PausedKey{}}
-	describe(sub, r.cfg)
-	if !r.oldest.IsZero() {
-		t := r.oldest.UTC()
+// subscriptionStatus is what a read found of a subscription, as the status
+// shows it.
+func subscriptionStatus(r *adapter.SubscriptionState, now time.Time) *jstatus.Subscription {
+	sub := &jstatus.Subscription{Name: r.Name, Backlog: r.Backlog, Unacked: r.Unacked, Consumers: r.Consumers, JetStreamRead: true, Paused: []jstatus.PausedKey{}}
+	describe(sub, r.Config)
+	if !r.OldestUnacked.IsZero() {
+		t := r.OldestUnacked.UTC()
 		sub.OldestUnacked = &t
-		sub.OldestUnackedAgeSeconds = max(now.Sub(r.oldest).Seconds(), 0)
+		sub.OldestUnackedAgeSeconds = max(now.Sub(r.OldestUnacked).Seconds(), 0)
 	}
-	if len(r.partitions) > 0 {
-		sub.Partitions = slices.Clone(r.partitions) // Status marks its own
+	for _, p := range r.Partitions { // a new slice: Status marks its own
+		sp := jstatus.Partition{Index: p.Index, Pending: p.Pending, Unacked: p.Unacked}
+		if p.PinID != "" {
+			sp.Owner, sp.PinID = "other", p.PinID
+			if !p.PinnedSince.IsZero() {
+				t := p.PinnedSince.UTC()
+				sp.PinnedSince = &t
+			}
+		}
+		sub.Partitions = append(sub.Partitions, sp)
 	}
 	return sub
 }
@@ -416,6 +414,7 @@ func (r *subRead) status(name string, now time.Time) *jstatus.Subscription {
 type observer struct {
 	s      *Server
 	js     jetstream.JetStream // nil without a connection: nothing is read
+	in     *adapter.Inspector  // what jetorder keeps in JetStream; with js
 	ctx    context.Context     // ends at close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -431,17 +430,16 @@ type observer struct {
 	// The reading goroutine's own.
 	configs map[string]*adapter.SubscriptionConfig // subscription name -> configuration
 	listed  time.Time                              // configs listed in full
-	streams map[string]jetstream.Stream            // handles, by stream name
-	subsKV  jetstream.KeyValue                     // the subscription registry, for discovery floors
-	floors  map[string]string                      // subscription name -> key of its discovery floor, as last found
 }
 
 func newObserver(s *Server) *observer {
-	o := &observer{s: s, next: make(chan struct{}), configs: map[string]*adapter.SubscriptionConfig{},
-		streams: map[string]jetstream.Stream{}, floors: map[string]string{}}
+	o := &observer{s: s, next: make(chan struct{}), configs: map[string]*adapter.SubscriptionConfig{}}
 	o.ctx, o.cancel = context.WithCancel(context.Background())
 	if nc := s.b.Conn(); nc != nil {
 		o.js, _ = jetstream.New(nc)
+		if o.in, _ = adapter.NewInspector(nc); o.in == nil {
+			o.js = nil
+		}
 	}
 	return o
 }
@@ -490,6 +488,9 @@ func (o *observer) run() {
 		ctx, cancel := context.WithTimeout(o.ctx, observeTimeout)
 		r := o.read(ctx)
 		cancel()
+		if r.err == nil {
+			o.s.forgetGone(r)
+		}
 		o.mu.Lock()
 		o.last = r
 		if r.err == nil {
@@ -512,9 +513,10 @@ func (o *observer) run() {
 	}
 }
 
-// read reads the account, its topics, and its subscriptions' consumers.
+// read reads the account, its topics, and its subscriptions' consumers,
+// in that order; the first step that fails ends it, with r.err set.
 func (o *observer) read(ctx context.Context) *jsRead {
-	r := &jsRead{start: time.Now(), topics: []jstatus.Topic{}, subs: make(map[string]*subRead)}
+	r := &jsRead{start: time.Now(), topics: []jstatus.Topic{}, subs: map[string]*adapter.SubscriptionState{}}
 	defer func() { r.took = time.Since(r.start) }()
 	if err := o.s.b.Conn().FlushWithContext(ctx); err == nil { // a round trip, as nc.RTT, but within ctx
 		r.rtt = time.Since(r.start)
@@ -522,159 +524,63 @@ func (o *observer) read(ctx context.Context) *jsRead {
 	if r.account, r.err = o.js.AccountInfo(ctx); r.err != nil {
 		return r
 	}
+	topics, err := o.in.Topics(ctx)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	r.topics = topicStatuses(topics)
+	if time.Since(o.listed) >= listInterval {
+		if err := o.list(ctx, o.projects(topics)); err != nil {
+			r.err = err
+			return r
+		}
+	}
+	r.subs, r.err = o.in.Subscriptions(ctx, topics, o.known(), o.config)
+	return r
+}
 
-	// Topics: the streams that jetorder's metadata names. Their projects,
-	// and those of the subscriptions received here, are where the
-	// subscriptions are listed (others, of topics of other projects, are
-	// found by their consumers).
+// topicStatuses is the topics as the status shows them.
+func topicStatuses(topics []adapter.TopicState) []jstatus.Topic {
+	out := make([]jstatus.Topic, 0, len(topics))
+	for _, t := range topics {
+		topic := jstatus.Topic{Name: t.Name, Messages: t.Messages, Bytes: t.Bytes, Consumers: t.Consumers}
+		if !t.LastStored.IsZero() {
+			last := t.LastStored.UTC()
+			topic.LastStored = &last
+		}
+		out = append(out, topic)
+	}
+	return out
+}
+
+// projects are where the subscriptions are listed: those of the topics,
+// and of the subscriptions received here. (Others, of topics of other
+// projects, are found by their consumers.)
+func (o *observer) projects(topics []adapter.TopicState) map[string]bool {
 	projects := make(map[string]bool)
-	dispatchers := o.s.dispatcherList()
-	for _, d := range dispatchers {
+	for _, d := range o.s.dispatcherList() {
 		if p, _, err := parseSubscription(d.name); err == nil {
 			projects[p] = true
 		}
 	}
-	var withConsumers []string
-	streams := make(map[string]string) // stream name -> topic name
-	lastSeq := make(map[string]uint64) // stream name -> its last sequence
-	list := o.js.ListStreams(ctx)
-	for info := range list.Info() {
-		p, t := info.Config.Metadata["jetorder.project"], info.Config.Metadata["jetorder.topic"]
-		if p == "" || t == "" {
-			continue
-		}
-		topic := jstatus.Topic{Name: "projects/" + p + "/topics/" + t, Messages: info.State.Msgs, Bytes: info.State.Bytes, Consumers: info.State.Consumers}
-		if !info.State.LastTime.IsZero() && info.State.Msgs > 0 {
-			last := info.State.LastTime.UTC()
-			topic.LastStored = &last
-		}
-		r.topics = append(r.topics, topic)
-		projects[p] = true
-		streams[info.Config.Name] = topic.Name
-		lastSeq[info.Config.Name] = info.State.LastSeq
-		if info.State.Consumers > 0 {
-			withConsumers = append(withConsumers, info.Config.Name)
-		}
+	for _, t := range topics {
+		projects[t.Project] = true
 	}
-	if err := list.Err(); err != nil {
-		r.err = err
-		return r
-	}
-	slices.SortFunc(r.topics, func(a, b jstatus.Topic) int { return strings.Compare(a.Name, b.Name) })
-	for name := range o.streams {
-		if _, ok := streams[name]; !ok {
-			delete(o.streams, name)
-		}
-	}
+	return projects
+}
 
-	// Subscriptions: listed every listInterval; between lists, those found
-	// by their consumers are added.
-	if time.Since(o.listed) >= listInterval {
-		if err := o.list(ctx, projects); err != nil {
-			r.err = err
-			return r
-		}
-	}
-	for name, cfg := range o.configs {
-		r.subs[name] = &subRead{cfg: cfg}
-	}
-	for _, d := range dispatchers {
-		if sr := r.subs[d.name]; sr != nil {
-			sr.cfg = d.cfg.Load() // the freshest
-		}
-	}
-
-	// Consumers: backlogs and partitions.
-	pending := make(map[string][]*jetstream.ConsumerInfo) // subscription -> consumers with unacked messages
-	subStream := make(map[string]jetstream.Stream)
-	gone := make(map[string]bool) // subscriptions of consumers left behind by a delete
-	for _, name := range withConsumers {
-		stream, err := o.stream(ctx, name)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			continue // deleted meanwhile
-		}
-		if err != nil {
-			r.err = err
-			return r
-		}
-		consumers := stream.ListConsumers(ctx)
-		for info := range consumers.Info() {
-			sub, partition, ok := consumerOf(info.Config.Description)
-			if !ok {
-				continue
-			}
-			sr := r.subs[sub]
-			if sr == nil {
-				if gone[sub] {
-					continue
-				}
-				cfg := o.config(ctx, sub)
-				if cfg == nil {
-					gone[sub] = true
-					continue
-				}
-				sr = &subRead{cfg: cfg}
-				r.subs[sub] = sr
-			}
-			sr.consumers++
-			if strings.HasPrefix(info.Config.FilterSubject, keyedPrefix(sr.cfg)) {
-				sr.keyed += info.NumPending + uint64(info.NumAckPending)
-			} else {
-				sr.backlog += info.NumPending + uint64(info.NumAckPending)
-			}
-			sr.unacked += uint64(info.NumAckPending)
-			if info.NumPending > 0 || info.NumAckPending > 0 {
-				pending[sub] = append(pending[sub], info)
-				subStream[sub] = stream
-			}
-			if partition >= 0 {
-				sr.partitions = addPartition(sr.partitions, partition, info)
-			}
-		}
-		if err := consumers.Err(); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			r.err = err
-			return r
-		}
-	}
-	for sub, infos := range pending {
-		oldest, err := oldestUnacked(ctx, subStream[sub], infos)
-		if err != nil {
-			r.err = err
-			return r
-		}
-		r.subs[sub].oldest = oldest
-	}
-	// Per-key delivery: keyed messages after the discovery floor may have
-	// no consumer yet (nobody receives, so nobody discovers).
-	for name, sr := range r.subs {
-		if !perKey(sr.cfg) {
-			sr.backlog += sr.keyed
-			continue
-		}
-		n, first, err := o.undiscovered(ctx, name, sr.cfg, lastSeq)
-		if err != nil {
-			r.err = err
-			return r
-		}
-		sr.backlog += max(sr.keyed, n)
-		if first != nil && (sr.oldest.IsZero() || first.Time.Before(sr.oldest)) {
-			sr.oldest = first.Time
-		}
-	}
-
-	// Metrics of what is gone go (after two reads without it).
-	topics := make(map[string]bool, len(r.topics))
-	for _, t := range r.topics {
-		topics[t.Name] = true
-	}
-	receiving := make(map[string]bool, len(dispatchers))
+// known is the subscriptions the read reports whatever their consumers:
+// those last listed, with the configuration of the ones received here as
+// their dispatchers hold it (the freshest).
+func (o *observer) known() map[string]*adapter.SubscriptionConfig {
+	known := maps.Clone(o.configs)
 	for _, d := range o.s.dispatcherList() {
-		receiving[d.name] = true
+		if _, ok := known[d.name]; ok {
+			known[d.name] = d.cfg.Load()
+		}
 	}
-	o.s.b.Metrics.Retain(func(name string) bool { return r.subs[name] != nil || receiving[name] },
-		func(name string) bool { return topics[name] })
-	o.s.recent.prune(time.Now())
-	return r
+	return known
 }
 
 // list reads the configurations of every subscription of projects.
@@ -704,16 +610,13 @@ func (o *observer) list(ctx context.Context, projects map[string]bool) error {
 	return nil
 }
 
-// config reads the configuration of subscription name, found by its
-// consumers since the last list; nil when it cannot (deleted, and its
-// consumers not yet).
-func (o *observer) config(ctx context.Context, name string) *adapter.SubscriptionConfig {
+// config reads the configuration of a subscription found by its consumers
+// since the last list; nil when it cannot (deleted, and its consumers not
+// yet).
+func (o *observer) config(ctx context.Context, project, id string) *adapter.SubscriptionConfig {
+	name := subscriptionName(project, id)
 	if d := o.s.dispatcherOf(name); d != nil {
 		return d.cfg.Load()
-	}
-	project, id, err := parseSubscription(name)
-	if err != nil {
-		return nil
 	}
 	c, err := o.s.b.Client(project)
 	if err != nil {
@@ -727,222 +630,19 @@ func (o *observer) config(ctx context.Context, name string) *adapter.Subscriptio
 	return &cfg
 }
 
-func (o *observer) stream(ctx context.Context, name string) (jetstream.Stream, error) {
-	if s := o.streams[name]; s != nil {
-		return s, nil
+// forgetGone drops what the sidecar keeps of subscriptions and topics that
+// are gone, after read r succeeded: their metrics series (once two reads
+// in a row lack them) and recent counts with nothing left in the window.
+func (s *Server) forgetGone(r *jsRead) {
+	topics := make(map[string]bool, len(r.topics))
+	for _, t := range r.topics {
+		topics[t.Name] = true
 	}
-	s, err := o.js.Stream(ctx, name)
-	if err != nil {
-		return nil, err
+	receiving := make(map[string]bool)
+	for _, d := range s.dispatcherList() {
+		receiving[d.name] = true
 	}
-	o.streams[name] = s
-	return s, nil
-}
-
-// keyedPrefix is what the filters of a subscription's consumers of keyed
-// messages begin with (docs/WIRE.md); "\x00" (nothing) when the
-// configuration is not known.
-func keyedPrefix(cfg *adapter.SubscriptionConfig) string {
-	if cfg == nil || cfg.Topic == nil {
-		return "\x00"
-	}
-	project, topic, err := parseTopic(cfg.Topic.String())
-	if err != nil {
-		return "\x00"
-	}
-	return strings.TrimSuffix(keyrouter.KeyedFilter(project, topic), ">")
-}
-
-func perKey(cfg *adapter.SubscriptionConfig) bool {
-	return cfg != nil && cfg.EnableMessageOrdering && cfg.Delivery == adapter.DeliveryPerKey && !cfg.TopicDeleted && !cfg.Detached
-}
-
-// undiscovered counts the keyed messages of a per-key subscription after
-// its discovery floor, and returns the first of them. Every keyed message
-// at or below the floor has a consumer; those after it may not, until a
-// receiver's discovery creates one (docs/WIRE.md). Some may have one: the
-// caller takes the larger of this count and its key consumers' backlog,
-// which is exact when the messages after the floor are all covered or all
-// not, and low by the covered ones otherwise. The count is the pending
-// count of a consumer made for it, and deleted at once.
-func (o *observer) undiscovered(ctx context.Context, name string, cfg *adapter.SubscriptionConfig, lastSeq map[string]uint64) (uint64, *jetstream.RawStreamMsg, error) {
-	project, id, err := parseSubscription(name)
-	if err != nil {
-		return 0, nil, nil
-	}
-	floor, ok, err := o.floor(ctx, name, keyrouter.KVKey(project, id))
-	if err != nil || !ok {
-		return 0, nil, err
-	}
-	tp, topic, err := parseTopic(cfg.Topic.String())
-	if err != nil {
-		return 0, nil, nil
-	}
-	streamName := keyrouter.StreamName(tp, topic)
-	if floor >= lastSeq[streamName] {
-		return 0, nil, nil // nothing stored after it (or no stream)
-	}
-	stream, err := o.stream(ctx, streamName)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return 0, nil, nil
-	}
-	if err != nil {
-		return 0, nil, err
-	}
-	filter := keyrouter.KeyedFilter(tp, topic)
-	c, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
-		Description: "jetorder status: messages after a discovery floor", FilterSubject: filter,
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: floor + 1, AckPolicy: jetstream.AckNonePolicy,
-		InactiveThreshold: time.Minute, MemoryStorage: true, Replicas: 1,
-	})
-	if err != nil {
-		return 0, nil, err
-	}
-	info := c.CachedInfo()
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	_ = stream.DeleteConsumer(dctx, info.Name) // else its inactivity removes it
-	cancel()
-	if info.NumPending == 0 {
-		return 0, nil, nil
-	}
-	first, err := stream.GetMsg(ctx, floor+1, jetstream.WithGetMsgSubject(filter))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return info.NumPending, nil, nil
-	}
-	return info.NumPending, first, err
-}
-
-// floor reads a per-key subscription's discovery floor: the key kvKey.floor
-// of the registry, or kvKey.floor.e<epoch> after a seek (the highest epoch
-// wins). ok is false when there is none.
-func (o *observer) floor(ctx context.Context, name, kvKey string) (floor uint64, ok bool, err error) {
-	if o.subsKV == nil {
-		kv, err := o.js.KeyValue(ctx, registryBucket)
-		if err != nil {
-			return 0, false, err
-		}
-		o.subsKV = kv
-	}
-	key := cmp.Or(o.floors[name], kvKey+".floor")
-	e, err := o.subsKV.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		// Sought since: find the epoch's floor.
-		keys, lerr := o.subsKV.ListKeysFiltered(ctx, kvKey+".floor", kvKey+".floor.>")
-		if lerr != nil {
-			return 0, false, lerr
-		}
-		best, bestEpoch := "", int64(-1)
-		for k := range keys.Keys() {
-			epoch := int64(0)
-			if rest, ok := strings.CutPrefix(k, kvKey+".floor.e"); ok {
-				if epoch, err = strconv.ParseInt(rest, 10, 64); err != nil {
-					continue
-				}
-			}
-			if epoch > bestEpoch {
-				best, bestEpoch = k, epoch
-			}
-		}
-		if best == "" {
-			delete(o.floors, name)
-			return 0, false, nil
-		}
-		o.floors[name] = best
-		e, err = o.subsKV.Get(ctx, best)
-	}
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, err
-	}
-	floor, err = strconv.ParseUint(string(e.Value()), 10, 64)
-	return floor, err == nil, nil
-}
-
-// registryBucket is the KV bucket of the subscription registry and the
-// discovery floors (docs/WIRE.md).
-const registryBucket = "JO_SUBSCRIPTIONS"
-
-// consumerOf reads a jetorder consumer's description (docs/WIRE.md):
-// "jetorder projects/P/subscriptions/S", followed by " partition N of M"
-// for a partition consumer. partition is -1 for other consumers.
-func consumerOf(desc string) (sub string, partition int, ok bool) {
-	rest, ok := strings.CutPrefix(desc, "jetorder ")
-	if !ok {
-		return "", 0, false
-	}
-	sub, rest, _ = strings.Cut(rest, " ")
-	if _, _, err := parseSubscription(sub); err != nil {
-		return "", 0, false
-	}
-	partition = -1
-	if p, ok := strings.CutPrefix(rest, "partition "); ok {
-		n, _, _ := strings.Cut(p, " ")
-		if i, err := strconv.Atoi(n); err == nil && i >= 0 && i < 64 {
-			partition = i
-		}
-	}
-	return sub, partition, true
-}
-
-// addPartition records partition i's consumer. A seek leaves the earlier
-// epoch's consumers paused for a while: the one that is not paused wins.
-func addPartition(ps []jstatus.Partition, i int, info *jetstream.ConsumerInfo) []jstatus.Partition {
-	for len(ps) <= i {
-		ps = append(ps, jstatus.Partition{Index: len(ps)})
-	}
-	if ps[i].Pending+ps[i].Unacked > 0 || ps[i].PinID != "" {
-		if info.Paused {
-			return ps
-		}
-	}
-	p := jstatus.Partition{Index: i, Pending: info.NumPending, Unacked: uint64(info.NumAckPending)}
-	for _, g := range info.PriorityGroups {
-		if g.PinnedClientID != "" {
-			p.Owner, p.PinID = "other", g.PinnedClientID
-			if !g.PinnedTS.IsZero() {
-				t := g.PinnedTS.UTC()
-				p.PinnedSince = &t
-			}
-		}
-	}
-	ps[i] = p
-	return ps
-}
-
-// oldestUnacked returns when the oldest message not acked by the given
-// consumers was stored: for each, the first message of its filter after
-// its ack floor. It reads at most maxOldestLookups messages, lowest floors
-// first, and stops once no other consumer can hold an older one.
-func oldestUnacked(ctx context.Context, stream jetstream.Stream, infos []*jetstream.ConsumerInfo) (time.Time, error) {
-	slices.SortFunc(infos, func(a, b *jetstream.ConsumerInfo) int { return cmp.Compare(a.AckFloor.Stream, b.AckFloor.Stream) })
-	var best *jetstream.RawStreamMsg
-	for i, info := range infos {
-		if i == maxOldestLookups || best != nil && info.AckFloor.Stream+1 >= best.Sequence {
-			break
-		}
-		filter := info.Config.FilterSubject
-		if filter == "" && len(info.Config.FilterSubjects) > 0 {
-			filter = info.Config.FilterSubjects[0]
-		}
-		var opts []jetstream.GetMsgOpt
-		if filter != "" {
-			opts = append(opts, jetstream.WithGetMsgSubject(filter))
-		}
-		m, err := stream.GetMsg(ctx, info.AckFloor.Stream+1, opts...)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue // acked or gone meanwhile
-		}
-		if err != nil {
-			return time.Time{}, err
-		}
-		if best == nil || m.Sequence < best.Sequence {
-			best = m
-		}
-	}
-	if best == nil {
-		return time.Time{}, nil
-	}
-	return best.Time, nil
+	s.b.Metrics.Retain(func(name string) bool { return r.subs[name] != nil || receiving[name] },
+		func(name string) bool { return topics[name] })
+	s.recent.prune(time.Now())
 }

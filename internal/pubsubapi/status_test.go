@@ -10,27 +10,6 @@ import (
 	jstatus "github.com/jetorder/jetorder/internal/status"
 )
 
-func TestConsumerOf(t *testing.T) {
-	for _, tc := range []struct {
-		desc      string
-		sub       string
-		partition int
-		ok        bool
-	}{
-		{"jetorder projects/p/subscriptions/sub", "projects/p/subscriptions/sub", -1, true},
-		{"jetorder projects/p/subscriptions/sub partition 5 of 8", "projects/p/subscriptions/sub", 5, true},
-		{"jetorder projects/p/subscriptions/sub partition x of 8", "projects/p/subscriptions/sub", -1, true},
-		{"jetorder projects/p/topics/t", "", 0, false},
-		{"someone else's", "", 0, false},
-		{"", "", 0, false},
-	} {
-		sub, partition, ok := consumerOf(tc.desc)
-		if sub != tc.sub || partition != tc.partition || ok != tc.ok {
-			t.Errorf("consumerOf(%q) = %q, %d, %v; want %q, %d, %v", tc.desc, sub, partition, ok, tc.sub, tc.partition, tc.ok)
-		}
-	}
-}
-
 // Recent counts cover the last window and forget what is older.
 func TestRecentCounts(t *testing.T) {
 	var r recentCounts
