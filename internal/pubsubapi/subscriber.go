@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/grpcutil"
 	"github.com/jetorder/jetorder/internal/push"
 )
 
@@ -304,7 +305,7 @@ func (s *Server) ListSubscriptions(ctx context.Context, req *pb.ListSubscription
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	subs, next, err := page(subs, (*adapter.Subscription).ID, req.GetPageSize(), req.GetPageToken())
+	subs, next, err := grpcutil.Page(subs, (*adapter.Subscription).ID, req.GetPageSize(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
