@@ -23,7 +23,7 @@ import (
 // message_retention_duration, retain_acked_messages and expiration_policy;
 // filter (messages that do not match are acked unseen);
 // enable_exactly_once_delivery (acks confirmed by JetStream before they
-// are reported, see pull.go); push_config (push.go). Export is refused.
+// are reported, see pull.go); push_config (pushsubs.go). Export is refused.
 func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (*pb.Subscription, error) {
 	project, id, err := parseSubscription(sub.GetName())
 	if err != nil {
