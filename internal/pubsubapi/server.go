@@ -1,15 +1,22 @@
-// Package pubsubapi serves the Google Pub/Sub v1 gRPC API
-// (google.pubsub.v1.Publisher and Subscriber) over the adapter, so Google's
-// client libraries work unchanged against the sidecar through
-// PUBSUB_EMULATOR_HOST.
+// Package pubsubapi serves the Google Pub/Sub v1 gRPC services Publisher
+// and Subscriber over the adapter, so Google's client libraries work
+// unchanged against the sidecar through PUBSUB_EMULATOR_HOST. The
+// SchemaService is internal/schemaapi's; Publish validates against it
+// (Config.Schemas).
 //
-// Each subscription that has StreamingPull streams or Pull calls attached
-// runs one adapter Receive in this process (a dispatcher). Its handler hands
-// each message to a stream or Pull call as a lease, and holds it until the
-// client acks, nacks (ModifyAckDeadline 0) or lets the lease expire. The
-// adapter does not start the next message of an ordering key before the
-// handler of the previous one has acked it, so per-key order holds for every
-// client, including those that do not serialize handlers per key themselves.
+// Each subscription that has StreamingPull streams, Pull calls or a push
+// endpoint attached runs one adapter Receive in this process (a
+// dispatcher, dispatcher.go). Its handler hands each message to a stream,
+// a Pull call or the pusher as a lease, held until the client acks, nacks
+// (ModifyAckDeadline 0) or lets it expire. Ordered subscriptions are
+// strict by default: a key's next message waits until the previous one is
+// acked, so per-key order holds for every client. Pipelined ordering
+// (Config.Ordering, label jetorder-ordering) sends a key's messages to one
+// stream without waiting, as the service does.
+//
+// Also here: push subscriptions (pushsubs.go, over internal/push), snapshots
+// and Seek (snapshots.go), DIDComm tracking on delivery (didcomm.go), and the
+// status the sidecar reports on /v1/status and /metrics (status.go).
 package pubsubapi
 
 import (
