@@ -27,6 +27,7 @@ import (
 	"github.com/jetorder/jetorder/internal/httpapi"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 	"github.com/jetorder/jetorder/internal/push"
+	"github.com/jetorder/jetorder/internal/schemaapi"
 )
 
 // The sidecar's gRPC server is what the REST routes call.
@@ -38,7 +39,7 @@ const restProject = "rest-project"
 // (called directly, not over gRPC) and the HTTP API with its REST routes.
 type restEnv struct {
 	ps      *pubsubapi.Server
-	schemas *pubsubapi.SchemaServer
+	schemas *schemaapi.Server
 	b       *broker.Broker
 	srv     *httptest.Server
 }
@@ -46,7 +47,7 @@ type restEnv struct {
 func newRESTEnv(t *testing.T, cfg httpapi.Config) *restEnv {
 	t.Helper()
 	nc, b := newBroker(t)
-	schemas := pubsubapi.NewSchemaServer(nc, 1, nil)
+	schemas := schemaapi.New(nc, 1, nil)
 	allow, err := push.ParseAllowList(push.DefaultAllow)
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/jetorder/jetorder/internal/grpcutil"
 )
 
 // Ack ids.
@@ -141,13 +143,13 @@ func newEpoch() uint64 {
 // loadAckKey returns the ack id key the sidecars of js's server share,
 // creating it if none exists yet.
 func loadAckKey(ctx context.Context, js jetstream.JetStream, replicas int) ([]byte, error) {
-	b := lazyBucket{cfg: jetstream.KeyValueConfig{
+	b := grpcutil.LazyBucket{Config: jetstream.KeyValueConfig{
 		Bucket:      ackKeyBucket,
 		Description: "jetorder: settings every sidecar on this server shares (the ack id key)",
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
 	}}
-	kv, err := b.open(ctx, js)
+	kv, err := b.Open(ctx, js)
 	if err != nil {
 		return nil, err
 	}

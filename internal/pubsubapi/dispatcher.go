@@ -47,7 +47,7 @@ type dispatcher struct {
 	// (refresh) so updates made through any sidecar reach this one.
 	cfg atomic.Pointer[adapter.SubscriptionConfig]
 	// push is where cfg says to push the messages; nil for a pull
-	// subscription (push.go).
+	// subscription (pushsubs.go).
 	push atomic.Pointer[pushTarget]
 	// didcomm is the subscription's DIDComm tracker, used while its labels
 	// ask for tracking.

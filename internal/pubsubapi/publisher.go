@@ -17,6 +17,8 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/cloudevents"
+	"github.com/jetorder/jetorder/internal/grpcutil"
+	"github.com/jetorder/jetorder/internal/schemaapi"
 )
 
 // Pub/Sub's limits on one Publish request.
@@ -28,7 +30,7 @@ const (
 // CreateTopic creates a topic with its labels,
 // message_retention_duration (10 minutes to 31 days, as the service; without
 // it, messages are kept until the topic is deleted) and schema_settings
-// (checked by SchemaServer.CheckSettings; Publish validates against them).
+// (checked by schemaapi.Server.CheckSettings; Publish validates against them).
 func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error) {
 	project, id, err := parseTopic(t.GetName())
 	if err != nil {
@@ -232,7 +234,7 @@ func (s *Server) ListTopics(ctx context.Context, req *pb.ListTopicsRequest) (*pb
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	topics, next, err := page(topics, (*adapter.Topic).ID, req.GetPageSize(), req.GetPageToken())
+	topics, next, err := grpcutil.Page(topics, (*adapter.Topic).ID, req.GetPageSize(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
@@ -280,7 +282,7 @@ func (s *Server) ListTopicSubscriptions(ctx context.Context, req *pb.ListTopicSu
 		}
 		names = append(names, sub.String())
 	}
-	names, next, err := page(names, func(n string) string { return n }, req.GetPageSize(), req.GetPageToken())
+	names, next, err := grpcutil.Page(names, func(n string) string { return n }, req.GetPageSize(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
@@ -310,7 +312,7 @@ func (s *Server) DeleteTopic(ctx context.Context, req *pb.DeleteTopicRequest) (*
 // Publish stores every message of the request, in order, and returns their
 // ids. An invalid message fails the request before any is stored: on a
 // topic with schema settings, that includes a message whose data the
-// schema refuses (INVALID_ARGUMENT, SchemaServer.Validator), and every
+// schema refuses (INVALID_ARGUMENT, schemaapi.Server.Validator), and every
 // message is refused once the schema is deleted (NOT_FOUND). Validated
 // messages carry the googclient_schema* attributes, as the service sets
 // them. When a publish fails, the request fails (the client retries it,
@@ -375,7 +377,7 @@ const (
 // ts at revision rev. They go in as headers, which clients see as
 // attributes (adapter.Message.PubSubAttributes): the adapter refuses
 // attributes named goog*, which only the service may set.
-func stampSchema(m *adapter.Message, ts *TopicSchema, rev string) {
+func stampSchema(m *adapter.Message, ts *schemaapi.TopicSchema, rev string) {
 	if m.Header == nil {
 		m.Header = nats.Header{}
 	}
@@ -387,13 +389,13 @@ func stampSchema(m *adapter.Message, ts *TopicSchema, rev string) {
 // A topic's service settings (adapter.TopicConfig.ServiceSettings) are a
 // JSON object, one member per kind of setting the sidecar keeps and the
 // library does not act on, so that others can join later:
-// "schemaSettings" holds a TopicSchema. Members this version does not
-// know are kept as they are when it rewrites the object.
+// "schemaSettings" holds a schemaapi.TopicSchema. Members this version
+// does not know are kept as they are when it rewrites the object.
 const topicSchemaMember = "schemaSettings"
 
 // topicSchemaOf reads the schema settings of topic name from its service
 // settings; nil means none.
-func topicSchemaOf(name, settings string) (*TopicSchema, error) {
+func topicSchemaOf(name, settings string) (*schemaapi.TopicSchema, error) {
 	if settings == "" {
 		return nil, nil
 	}
@@ -405,7 +407,7 @@ func topicSchemaOf(name, settings string) (*TopicSchema, error) {
 	if !ok || string(raw) == "null" {
 		return nil, nil
 	}
-	var ts TopicSchema
+	var ts schemaapi.TopicSchema
 	if err := json.Unmarshal(raw, &ts); err != nil {
 		return nil, status.Errorf(codes.Internal, "topic %s: unreadable schema settings: %v", name, err)
 	}
@@ -416,7 +418,7 @@ func topicSchemaOf(name, settings string) (*TopicSchema, error) {
 // settings replaced by ts (nil: removed), other members kept. Settings
 // that are not a JSON object are replaced whole: nothing but this code
 // writes them.
-func withTopicSchema(settings string, ts *TopicSchema) (string, error) {
+func withTopicSchema(settings string, ts *schemaapi.TopicSchema) (string, error) {
 	members := map[string]json.RawMessage{}
 	if settings != "" && json.Unmarshal([]byte(settings), &members) != nil {
 		members = map[string]json.RawMessage{}
@@ -441,8 +443,8 @@ func withTopicSchema(settings string, ts *TopicSchema) (string, error) {
 
 // publishSchema returns the schema settings of the topic a Publish names,
 // through s.topicSchemas: NOT_FOUND if there is no such topic.
-func (s *Server) publishSchema(ctx context.Context, name, project, id string) (*TopicSchema, error) {
-	return s.topicSchemas.get(ctx, name, func(ctx context.Context) (*TopicSchema, error) {
+func (s *Server) publishSchema(ctx context.Context, name, project, id string) (*schemaapi.TopicSchema, error) {
+	return s.topicSchemas.get(ctx, name, func(ctx context.Context) (*schemaapi.TopicSchema, error) {
 		c, err := s.client(project)
 		if err != nil {
 			return nil, err
@@ -459,8 +461,12 @@ func (s *Server) publishSchema(ctx context.Context, name, project, id string) (*
 // read of a topic, so that publishing does not read the topic's stream
 // info for every request. CreateTopic, UpdateTopic and DeleteTopic through
 // this server take effect at once; through another sidecar, within the
-// TTL (and the schema's own recordTTL).
+// TTL (and the schema's own, which schemaapi caches for as long).
 const topicSettingsTTL = time.Second
+
+// maxCachedTopics bounds the topics topicSchemaCache holds; past it, the
+// cache starts again empty.
+const maxCachedTopics = 10000
 
 // topicSchemaCache holds the schema settings of the topics published to,
 // by topic name. When an entry is stale, the first Publish to see it
@@ -473,7 +479,7 @@ type topicSchemaCache struct {
 }
 
 type topicSchemaEntry struct {
-	ts      *TopicSchema // nil: the topic has none
+	ts      *schemaapi.TopicSchema // nil: the topic has none
 	at      time.Time
 	filled  bool
 	loading chan struct{} // closed when the running read ends; nil if none runs
@@ -482,7 +488,7 @@ type topicSchemaEntry struct {
 // get returns the cached settings of topic name, reading them with load
 // when they are missing or stale. It blocks while another call reads
 // settings not cached yet, until that read ends or ctx does.
-func (c *topicSchemaCache) get(ctx context.Context, name string, load func(context.Context) (*TopicSchema, error)) (*TopicSchema, error) {
+func (c *topicSchemaCache) get(ctx context.Context, name string, load func(context.Context) (*schemaapi.TopicSchema, error)) (*schemaapi.TopicSchema, error) {
 	for {
 		c.mu.Lock()
 		e := c.entries[name]
@@ -502,7 +508,7 @@ func (c *topicSchemaCache) get(ctx context.Context, name string, load func(conte
 			}
 		}
 		if e == nil {
-			if c.entries == nil || len(c.entries) >= maxCached {
+			if c.entries == nil || len(c.entries) >= maxCachedTopics {
 				c.entries = make(map[string]*topicSchemaEntry)
 			}
 			e = &topicSchemaEntry{}
@@ -530,10 +536,10 @@ func (c *topicSchemaCache) get(ctx context.Context, name string, load func(conte
 }
 
 // set records the settings a topic was just given through this server.
-func (c *topicSchemaCache) set(name string, ts *TopicSchema) {
+func (c *topicSchemaCache) set(name string, ts *schemaapi.TopicSchema) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.entries == nil || len(c.entries) >= maxCached {
+	if c.entries == nil || len(c.entries) >= maxCachedTopics {
 		c.entries = make(map[string]*topicSchemaEntry)
 	}
 	c.entries[name] = &topicSchemaEntry{ts: ts, at: time.Now(), filled: true}

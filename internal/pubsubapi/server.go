@@ -1,15 +1,22 @@
-// Package pubsubapi serves the Google Pub/Sub v1 gRPC API
-// (google.pubsub.v1.Publisher and Subscriber) over the adapter, so Google's
-// client libraries work unchanged against the sidecar through
-// PUBSUB_EMULATOR_HOST.
+// Package pubsubapi serves the Google Pub/Sub v1 gRPC services Publisher
+// and Subscriber over the adapter, so Google's client libraries work
+// unchanged against the sidecar through PUBSUB_EMULATOR_HOST. The
+// SchemaService is internal/schemaapi's; Publish validates against it
+// (Config.Schemas).
 //
-// Each subscription that has StreamingPull streams or Pull calls attached
-// runs one adapter Receive in this process (a dispatcher). Its handler hands
-// each message to a stream or Pull call as a lease, and holds it until the
-// client acks, nacks (ModifyAckDeadline 0) or lets the lease expire. The
-// adapter does not start the next message of an ordering key before the
-// handler of the previous one has acked it, so per-key order holds for every
-// client, including those that do not serialize handlers per key themselves.
+// Each subscription that has StreamingPull streams, Pull calls or a push
+// endpoint attached runs one adapter Receive in this process (a
+// dispatcher, dispatcher.go). Its handler hands each message to a stream,
+// a Pull call or the pusher as a lease, held until the client acks, nacks
+// (ModifyAckDeadline 0) or lets it expire. Ordered subscriptions are
+// strict by default: a key's next message waits until the previous one is
+// acked, so per-key order holds for every client. Pipelined ordering
+// (Config.Ordering, label jetorder-ordering) sends a key's messages to one
+// stream without waiting, as the service does.
+//
+// Also here: push subscriptions (pushsubs.go, over internal/push), snapshots
+// and Seek (snapshots.go), DIDComm tracking on delivery (didcomm.go), and the
+// status the sidecar reports on /v1/status and /metrics (status.go).
 package pubsubapi
 
 import (
@@ -34,7 +41,9 @@ import (
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/grpcutil"
 	"github.com/jetorder/jetorder/internal/push"
+	"github.com/jetorder/jetorder/internal/schemaapi"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -61,9 +70,10 @@ type Config struct {
 	Logger   *slog.Logger
 	// Replicas of the buckets the server creates (JO_SNAPSHOTS). Default 1.
 	Replicas int
-	// Schemas validates the messages published to topics with schema
-	// settings. Default: a SchemaServer over the broker's connection.
-	Schemas *SchemaServer
+	// Schemas is the SchemaService, which checks topics' schema settings and
+	// validates the messages published to topics with them. Default: a
+	// schemaapi.Server over the broker's connection.
+	Schemas *schemaapi.Server
 	// PushAllow says which push endpoints subscriptions may name
 	// (--push-allow); nil disables push subscriptions.
 	PushAllow *push.AllowList
@@ -135,7 +145,7 @@ func New(b *broker.Broker, cfg Config) *Server {
 		cfg.PushMaxOutstanding = DefaultPushMaxOutstanding
 	}
 	if cfg.Schemas == nil {
-		cfg.Schemas = NewSchemaServer(b.Conn(), 1, cfg.Logger)
+		cfg.Schemas = schemaapi.New(b.Conn(), 1, cfg.Logger)
 	}
 	s := &Server{b: b, cfg: cfg, log: cfg.Logger, epoch: newEpoch(), started: time.Now(), dispatchers: make(map[string]*dispatcher)}
 	s.partitions.deadLettered = func(sub string) {
@@ -216,7 +226,7 @@ func (s *Server) dispatcherList() []*dispatcher {
 // project, topic or subscription) to a handle of its project's client;
 // errors are statuses.
 func (s *Server) clientOf(projectName string) (*adapter.Client, error) {
-	project, err := parseProject(projectName)
+	project, err := grpcutil.ParseProject(projectName)
 	if err != nil {
 		return nil, err
 	}
@@ -255,17 +265,6 @@ func (s *Server) client(project string) (*adapter.Client, error) {
 
 // Resource names.
 
-func parseProject(name string) (string, error) {
-	p, ok := strings.CutPrefix(name, "projects/")
-	if !ok || p == "" || strings.Contains(p, "/") {
-		return "", status.Errorf(codes.InvalidArgument, "invalid project name %q: want projects/{project}", name)
-	}
-	if err := keyrouter.ValidateProjectID(p); err != nil {
-		return "", status.Errorf(codes.InvalidArgument, "invalid project name %q: %v", name, err)
-	}
-	return p, nil
-}
-
 // parseName splits projects/{project}/{kind}/{id}.
 func parseName(name, kind string) (project, id string, err error) {
 	parts := strings.Split(name, "/")
@@ -297,7 +296,8 @@ func subscriptionName(project, sub string) string {
 
 // toStatus maps an error to the status code that steers Pub/Sub clients:
 // bad input INVALID_ARGUMENT, missing NOT_FOUND, existing ALREADY_EXISTS,
-// and transient NATS trouble UNAVAILABLE, which clients retry.
+// and transient trouble UNAVAILABLE, which clients retry; the cases of
+// NATS and context errors are grpcutil.Code's.
 func toStatus(err error) error {
 	if err == nil {
 		return nil
@@ -324,21 +324,12 @@ func toStatus(err error) error {
 		code = codes.ResourceExhausted
 	case errors.Is(err, adapter.ErrNotDurable): // stored, but its sync failed or timed out: retry
 		code = codes.Unavailable
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	case errors.Is(err, adapter.ErrClosed), errors.Is(err, adapter.ErrFlowControlLimit),
-		errors.Is(err, adapter.ErrPublishingPaused), errors.Is(err, adapter.ErrTopicStopped),
-		errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout),
-		errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionDraining),
-		errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrConnectionReconnecting),
-		errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, jetstream.ErrJetStreamNotEnabled),
-		errors.Is(err, didcomm.ErrStateConflict): // DIDComm stamping lost every compare-and-set: try again
-		code = codes.Unavailable
 	default:
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.Code >= 500 {
+		// A context's end first, then transient trouble: NATS's, or ours.
+		code = grpcutil.Code(err)
+		if code == codes.Internal && (errors.Is(err, adapter.ErrClosed) || errors.Is(err, adapter.ErrFlowControlLimit) ||
+			errors.Is(err, adapter.ErrPublishingPaused) || errors.Is(err, adapter.ErrTopicStopped) ||
+			errors.Is(err, didcomm.ErrStateConflict)) { // DIDComm stamping lost every compare-and-set: try again
 			code = codes.Unavailable
 		}
 	}
@@ -389,29 +380,6 @@ func labelText(s string) bool {
 
 func invalid(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, format, args...)
-}
-
-// page cuts a sorted list of names at a page token (the last name of the
-// previous page) and a page size (0: everything).
-func page[T any](items []T, name func(T) string, size int32, token string) ([]T, string, error) {
-	if size < 0 {
-		return nil, "", invalid("page_size %d is negative", size)
-	}
-	start := 0
-	if token != "" {
-		start = len(items)
-		for i, it := range items {
-			if name(it) > token {
-				start = i
-				break
-			}
-		}
-	}
-	items = items[start:]
-	if size == 0 || int(size) >= len(items) {
-		return items, "", nil
-	}
-	return items[:size], name(items[size-1]), nil
 }
 
 var errShuttingDown = status.Error(codes.Unavailable, "the sidecar is shutting down")

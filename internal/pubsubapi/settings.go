@@ -24,7 +24,7 @@ type subSettings struct {
 	Push *pushSettings `json:"push,omitempty"`
 }
 
-// pushSettings is a push_config as it was set (push.go delivers it).
+// pushSettings is a push_config as it was set (pushsubs.go delivers it).
 type pushSettings struct {
 	Endpoint      string            `json:"endpoint"`
 	Attributes    map[string]string `json:"attributes,omitempty"`

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/grpcutil"
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
@@ -50,11 +51,11 @@ type snapshotRecord struct {
 // snapshotStore keeps the snapshots in JO_SNAPSHOTS.
 type snapshotStore struct {
 	js jetstream.JetStream
-	kv lazyBucket
+	kv grpcutil.LazyBucket
 }
 
 func newSnapshotStore(js jetstream.JetStream, replicas int) snapshotStore {
-	return snapshotStore{js: js, kv: lazyBucket{cfg: jetstream.KeyValueConfig{
+	return snapshotStore{js: js, kv: grpcutil.LazyBucket{Config: jetstream.KeyValueConfig{
 		Bucket:      snapshotsBucket,
 		Description: "jetorder Pub/Sub snapshots: a point of a topic's stream each",
 		Storage:     jetstream.FileStorage,
@@ -66,7 +67,7 @@ func (st *snapshotStore) bucket(ctx context.Context) (jetstream.KeyValue, error)
 	if st.js == nil {
 		return nil, status.Error(codes.Unavailable, "no NATS connection")
 	}
-	return st.kv.open(ctx, st.js)
+	return st.kv.Open(ctx, st.js)
 }
 
 func snapshotKey(project, id string) string { return snapshotKeyPrefix + keyrouter.KVKey(project, id) }
@@ -243,7 +244,7 @@ func (s *Server) UpdateSnapshot(ctx context.Context, req *pb.UpdateSnapshotReque
 
 // ListSnapshots lists a project's snapshots, by name.
 func (s *Server) ListSnapshots(ctx context.Context, req *pb.ListSnapshotsRequest) (*pb.ListSnapshotsResponse, error) {
-	project, err := parseProject(req.GetProject())
+	project, err := grpcutil.ParseProject(req.GetProject())
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +272,7 @@ func (s *Server) ListSnapshots(ctx context.Context, req *pb.ListSnapshotsRequest
 		out = append(out, snapshotProto(rec.Name, &rec))
 	}
 	slices.SortFunc(out, func(a, b *pb.Snapshot) int { return strings.Compare(a.GetName(), b.GetName()) })
-	out, next, err := page(out, (*pb.Snapshot).GetName, req.GetPageSize(), req.GetPageToken())
+	out, next, err := grpcutil.Page(out, (*pb.Snapshot).GetName, req.GetPageSize(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/grpcutil"
 	"github.com/jetorder/jetorder/internal/push"
 )
 
@@ -22,7 +23,7 @@ import (
 // message_retention_duration, retain_acked_messages and expiration_policy;
 // filter (messages that do not match are acked unseen);
 // enable_exactly_once_delivery (acks confirmed by JetStream before they
-// are reported, see pull.go); push_config (push.go). Export is refused.
+// are reported, see pull.go); push_config (pushsubs.go). Export is refused.
 func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (*pb.Subscription, error) {
 	project, id, err := parseSubscription(sub.GetName())
 	if err != nil {
@@ -304,7 +305,7 @@ func (s *Server) ListSubscriptions(ctx context.Context, req *pb.ListSubscription
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	subs, next, err := page(subs, (*adapter.Subscription).ID, req.GetPageSize(), req.GetPageToken())
+	subs, next, err := grpcutil.Page(subs, (*adapter.Subscription).ID, req.GetPageSize(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}

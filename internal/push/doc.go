@@ -19,7 +19,7 @@
 //     nacked with a Reason.
 //   - Backoff, the exponential delay before the next attempt for a key.
 //
-// The runner that uses them is in internal/pubsubapi/push.go: it takes
+// The runner that uses them is in internal/pubsubapi/pushsubs.go: it takes
 // messages from the subscription's dispatcher, keeps one request in flight
 // per ordering key, applies Backoff to nacks when the subscription has no
 // retry policy, and leaves the dead-letter policy to the adapter. Nothing

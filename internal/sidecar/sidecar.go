@@ -35,6 +35,7 @@ import (
 	"github.com/jetorder/jetorder/internal/metrics"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 	"github.com/jetorder/jetorder/internal/push"
+	"github.com/jetorder/jetorder/internal/schemaapi"
 )
 
 // Config is the sidecar's configuration; cmd/sidecar documents each field
@@ -224,7 +225,7 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 	s.b = broker.New(s.nc, log, reg, aopts...)
 	s.b.BucketReplicas = max(cfg.Replicas, 1)
 	s.b.Durable = durable
-	schemas := pubsubapi.NewSchemaServer(s.b.Conn(), max(cfg.Replicas, 1), log)
+	schemas := schemaapi.New(s.b.Conn(), max(cfg.Replicas, 1), log)
 	s.api = pubsubapi.New(s.b, pubsubapi.Config{
 		MaxOutstandingMessages: cfg.MaxOutstandingMessages,
 		MaxStreams:             cfg.MaxStreams,

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/grpcutil"
 	"github.com/jetorder/jetorder/internal/push"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -138,7 +139,7 @@ type pushRunner struct {
 	client *push.Client
 	max    int
 	js     jetstream.JetStream
-	index  lazyBucket
+	index  grpcutil.LazyBucket
 
 	ctx    context.Context // ends at Close: requests in flight are abandoned
 	cancel context.CancelFunc
@@ -156,7 +157,7 @@ func newPushRunner(s *Server, js jetstream.JetStream, allow *push.AllowList, max
 	ctx, cancel := context.WithCancel(context.Background())
 	return &pushRunner{
 		s: s, allow: allow, client: client, max: maxOutstanding, js: js, ctx: ctx, cancel: cancel,
-		index: lazyBucket{cfg: jetstream.KeyValueConfig{
+		index: grpcutil.LazyBucket{Config: jetstream.KeyValueConfig{
 			Bucket:      pushBucket,
 			Description: "jetorder: subscriptions that push, one entry each (the subscription's record has the push config)",
 			Storage:     jetstream.FileStorage,
@@ -191,7 +192,7 @@ func (s *Server) indexPush(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	kv, err := s.pusher.index.open(ctx, s.pusher.js)
+	kv, err := s.pusher.index.Open(ctx, s.pusher.js)
 	if err != nil {
 		return err
 	}
@@ -212,7 +213,7 @@ func (s *Server) unindexPush(ctx context.Context, name string, rev uint64) {
 	if err != nil {
 		return
 	}
-	kv, err := s.pusher.index.open(ctx, s.pusher.js)
+	kv, err := s.pusher.index.Open(ctx, s.pusher.js)
 	if err != nil {
 		return
 	}
@@ -229,7 +230,7 @@ func (s *Server) unindexPush(ctx context.Context, name string, rev uint64) {
 func (r *pushRunner) watchIndex() {
 	defer r.stopWatchersExcept(nil)
 	for r.ctx.Err() == nil {
-		kv, err := r.index.open(r.ctx, r.js)
+		kv, err := r.index.Open(r.ctx, r.js)
 		if err == nil {
 			var w jetstream.KeyWatcher
 			if w, err = kv.WatchAll(r.ctx); err == nil {

@@ -1,8 +1,7 @@
-package pubsubapi
+package schemaapi
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -15,10 +14,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/types/descriptorpb"
-	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
@@ -37,10 +34,10 @@ func withField(def, field string) string {
 	return strings.Replace(def, "}", "  "+field+"\n}", 1)
 }
 
-func newTestSchemaServer(t *testing.T) (*SchemaServer, func() *SchemaServer) {
+func newTestServer(t *testing.T) (*Server, func() *Server) {
 	t.Helper()
 	srv := testutil.Server(t)
-	another := func() *SchemaServer { return NewSchemaServer(testutil.Connect(t, srv.ClientURL()), 1, nil) }
+	another := func() *Server { return New(testutil.Connect(t, srv.ClientURL()), 1, nil) }
 	return another(), another
 }
 
@@ -54,7 +51,7 @@ func wantStatus(t *testing.T, what string, err error, want codes.Code) {
 // CheckSettings refuses the schema settings the service refuses.
 func TestSchemaCheckSettings(t *testing.T) {
 	ctx := context.Background()
-	s, _ := newTestSchemaServer(t)
+	s, _ := newTestServer(t)
 	name := "projects/" + testProject + "/schemas/states"
 	r1, err := s.CreateSchema(ctx, &pb.CreateSchemaRequest{Parent: "projects/" + testProject, SchemaId: "states",
 		Schema: &pb.Schema{Type: pb.Schema_PROTOCOL_BUFFER, Definition: testSchemaProto}})
@@ -105,7 +102,7 @@ func TestSchemaCheckSettings(t *testing.T) {
 // everything once the schema is deleted.
 func TestSchemaValidateForTopic(t *testing.T) {
 	ctx := context.Background()
-	s, another := newTestSchemaServer(t)
+	s, another := newTestServer(t)
 	name := "projects/" + testProject + "/schemas/states"
 	commit := func(def string) string {
 		t.Helper()
@@ -265,7 +262,7 @@ func TestSchemaValidateForTopic(t *testing.T) {
 // A project without schemas lists none; one with lists only its own.
 func TestSchemaListProjects(t *testing.T) {
 	ctx := context.Background()
-	s, _ := newTestSchemaServer(t)
+	s, _ := newTestServer(t)
 	for _, p := range []string{"proj-a", "proj-a.b"} {
 		if _, err := s.CreateSchema(ctx, &pb.CreateSchemaRequest{Parent: "projects/" + p, SchemaId: "states",
 			Schema: &pb.Schema{Type: pb.Schema_PROTOCOL_BUFFER, Definition: testSchemaProto}}); err != nil {
@@ -292,7 +289,7 @@ func TestSchemaKeyEscaping(t *testing.T) {
 // A schema given as a compiled FileDescriptorSet and root message.
 func TestSchemaCompiledProto(t *testing.T) {
 	ctx := context.Background()
-	s, _ := newTestSchemaServer(t)
+	s, _ := newTestServer(t)
 	set, err := proto.Marshal(&descriptorpb.FileDescriptorSet{File: []*descriptorpb.FileDescriptorProto{
 		protodesc.ToFileDescriptorProto(timestamppb.File_google_protobuf_timestamp_proto),
 	}})
@@ -326,212 +323,4 @@ func TestSchemaCompiledProto(t *testing.T) {
 	avro.Type = pb.Schema_AVRO
 	_, err = s.ValidateSchema(ctx, &pb.ValidateSchemaRequest{Parent: "projects/" + testProject, Schema: avro})
 	wantStatus(t, "compiled avro", err, codes.InvalidArgument)
-}
-
-// The schema settings share the topic's service settings with members a
-// later version may add: rewriting them keeps those.
-func TestTopicSchemaServiceSettings(t *testing.T) {
-	ts := &TopicSchema{Schema: "projects/p/schemas/s", Encoding: "BINARY", FirstRevisionID: "0000beef", SchemaUID: "u1"}
-	got, err := withTopicSchema("", ts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if back, err := topicSchemaOf("t", got); err != nil || *back != *ts {
-		t.Fatalf("read back %q = %+v, %v", got, back, err)
-	}
-
-	const other = `{"ingestion":{"x":1},"schemaSettings":{"schema":"projects/p/schemas/old","encoding":"JSON"}}`
-	got, err = withTopicSchema(other, ts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(got, `"ingestion":{"x":1}`) || strings.Contains(got, "old") {
-		t.Fatalf("withTopicSchema(other) = %s", got)
-	}
-	if got, err = withTopicSchema(other, nil); err != nil || got != `{"ingestion":{"x":1}}` {
-		t.Fatalf("withTopicSchema(other, nil) = %s, %v", got, err)
-	}
-	if back, err := topicSchemaOf("t", got); err != nil || back != nil {
-		t.Fatalf("read back removed = %+v, %v", back, err)
-	}
-	if got, err := withTopicSchema(`{"schemaSettings":{"schema":"x"}}`, nil); err != nil || got != "" {
-		t.Fatalf("withTopicSchema(only schema, nil) = %q, %v", got, err)
-	}
-	_, err = topicSchemaOf("t", "not json")
-	wantStatus(t, "unreadable settings", err, codes.Internal)
-}
-
-// The topic settings cache: a fresh entry is read once; a stale one is
-// read again by one caller while the others go on with it; settings set
-// through this server win over a read that started before.
-func TestTopicSchemaCache(t *testing.T) {
-	ctx := context.Background()
-	var c topicSchemaCache
-	a := &TopicSchema{Schema: "projects/p/schemas/a"}
-	b := &TopicSchema{Schema: "projects/p/schemas/b"}
-
-	loads := 0
-	load := func(ts *TopicSchema) func(context.Context) (*TopicSchema, error) {
-		return func(context.Context) (*TopicSchema, error) { loads++; return ts, nil }
-	}
-	for range 3 {
-		if got, err := c.get(ctx, "t", load(a)); err != nil || got != a {
-			t.Fatalf("get = %v, %v", got, err)
-		}
-	}
-	if loads != 1 {
-		t.Fatalf("%d reads of a fresh entry, want 1", loads)
-	}
-	c.set("t", b)
-	if got, _ := c.get(ctx, "t", load(a)); got != b || loads != 1 {
-		t.Fatalf("after set: %v (%d reads)", got, loads)
-	}
-	c.forget("t")
-	if got, _ := c.get(ctx, "t", load(nil)); got != nil || loads != 2 {
-		t.Fatalf("after forget: %v (%d reads)", got, loads)
-	}
-
-	// A read that was running when the settings were set does not replace
-	// them; callers meanwhile wait for the first read of an uncached topic.
-	started, release := make(chan struct{}), make(chan struct{})
-	slow := func(context.Context) (*TopicSchema, error) {
-		close(started)
-		<-release
-		return a, nil
-	}
-	first := make(chan *TopicSchema, 1)
-	go func() {
-		got, _ := c.get(ctx, "u", slow)
-		first <- got
-	}()
-	<-started
-	waiter := make(chan *TopicSchema, 1)
-	go func() {
-		got, _ := c.get(ctx, "u", func(context.Context) (*TopicSchema, error) { return nil, errors.New("a second read") })
-		waiter <- got
-	}()
-	c.set("u", b)
-	close(release)
-	if got := <-first; got != a {
-		t.Fatalf("the slow read returned %v", got)
-	}
-	if got := <-waiter; got != b {
-		t.Fatalf("the waiting caller got %v, want the settings set", got)
-	}
-	if got, _ := c.get(ctx, "u", load(a)); got != b {
-		t.Fatalf("after the slow read: %v, want the settings set", got)
-	}
-
-	// A stale entry: one caller reads again, the others get the stale
-	// settings meanwhile.
-	c.mu.Lock()
-	c.entries["u"].at = time.Now().Add(-2 * topicSettingsTTL)
-	c.mu.Unlock()
-	started, release = make(chan struct{}), make(chan struct{})
-	go func() {
-		got, _ := c.get(ctx, "u", func(context.Context) (*TopicSchema, error) {
-			close(started)
-			<-release
-			return a, nil
-		})
-		first <- got
-	}()
-	<-started
-	if got, err := c.get(ctx, "u", func(context.Context) (*TopicSchema, error) { return nil, errors.New("a second read") }); err != nil || got != b {
-		t.Fatalf("during the read again: %v, %v; want the stale settings", got, err)
-	}
-	close(release)
-	if got := <-first; got != a {
-		t.Fatalf("the read again returned %v", got)
-	}
-	if got, _ := c.get(ctx, "u", load(nil)); got != a {
-		t.Fatalf("after the read again: %v", got)
-	}
-
-	// A topic that is gone is not kept.
-	missing := status.Error(codes.NotFound, "topic not found")
-	c.mu.Lock()
-	c.entries["u"].at = time.Now().Add(-2 * topicSettingsTTL)
-	c.mu.Unlock()
-	if _, err := c.get(ctx, "u", func(context.Context) (*TopicSchema, error) { return nil, missing }); status.Code(err) != codes.NotFound {
-		t.Fatalf("get of a deleted topic: %v", err)
-	}
-	c.mu.Lock()
-	_, kept := c.entries["u"]
-	c.mu.Unlock()
-	if kept {
-		t.Fatal("the settings of a deleted topic are kept")
-	}
-}
-
-// Schema settings set through one server apply to its next Publish at
-// once, and to another server's within topicSettingsTTL.
-func TestPublishTopicSchemaAcrossServers(t *testing.T) {
-	ctx := context.Background()
-	srv := testutil.Server(t)
-	newServer := func() *Server {
-		b := broker.New(testutil.Connect(t, srv.ClientURL()), nil, nil)
-		t.Cleanup(b.Close)
-		s := New(b, Config{})
-		t.Cleanup(s.Close)
-		return s
-	}
-	one, other := newServer(), newServer()
-	schemaName := "projects/" + testProject + "/schemas/states"
-	if _, err := one.cfg.Schemas.CreateSchema(ctx, &pb.CreateSchemaRequest{Parent: "projects/" + testProject, SchemaId: "states",
-		Schema: &pb.Schema{Type: pb.Schema_PROTOCOL_BUFFER, Definition: testSchemaProto}}); err != nil {
-		t.Fatal(err)
-	}
-	topic := "projects/" + testProject + "/topics/states"
-	if _, err := one.CreateTopic(ctx, &pb.Topic{Name: topic}); err != nil {
-		t.Fatal(err)
-	}
-	publish := func(s *Server, data string) error {
-		_, err := s.Publish(ctx, &pb.PublishRequest{Topic: topic, Messages: []*pb.PubsubMessage{{Data: []byte(data)}}})
-		return err
-	}
-	// Both cache the topic without schema.
-	wantStatus(t, "publish before", publish(one, "anything"), codes.OK)
-	wantStatus(t, "publish before, other server", publish(other, "anything"), codes.OK)
-
-	if _, err := one.UpdateTopic(ctx, &pb.UpdateTopicRequest{
-		Topic:      &pb.Topic{Name: topic, SchemaSettings: &pb.SchemaSettings{Schema: schemaName, Encoding: pb.Encoding_JSON}},
-		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"schema_settings"}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	wantStatus(t, "publish after", publish(one, "anything"), codes.InvalidArgument)
-	wantStatus(t, "publish after, valid", publish(one, `{"name":"Alaska"}`), codes.OK)
-	testutil.Eventually(t, 5*topicSettingsTTL+time.Second, func() bool {
-		return status.Code(publish(other, "anything")) == codes.InvalidArgument
-	}, "the other server still publishes without the schema")
-
-	// Removed through the other server.
-	if _, err := other.UpdateTopic(ctx, &pb.UpdateTopicRequest{
-		Topic: &pb.Topic{Name: topic}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"schema_settings"}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	wantStatus(t, "publish after removal, other server", publish(other, "anything"), codes.OK)
-	testutil.Eventually(t, 5*topicSettingsTTL+time.Second, func() bool {
-		return publish(one, "anything") == nil
-	}, "the first server still validates against the removed schema")
-
-	// Deleted and created again without schema through the other server.
-	if _, err := one.UpdateTopic(ctx, &pb.UpdateTopicRequest{
-		Topic:      &pb.Topic{Name: topic, SchemaSettings: &pb.SchemaSettings{Schema: schemaName, Encoding: pb.Encoding_JSON}},
-		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"schema_settings"}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	wantStatus(t, "publish with schema", publish(one, "anything"), codes.InvalidArgument)
-	if _, err := other.DeleteTopic(ctx, &pb.DeleteTopicRequest{Topic: topic}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := other.CreateTopic(ctx, &pb.Topic{Name: topic}); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, 5*topicSettingsTTL+time.Second, func() bool {
-		return publish(one, "anything") == nil
-	}, "the first server still validates a topic created again without schema")
 }

@@ -1,4 +1,12 @@
-package pubsubapi
+// Package schemaapi serves the Google Pub/Sub v1 SchemaService
+// (google.pubsub.v1.SchemaService) over a JetStream KV bucket, and gives
+// the Publisher service (internal/pubsubapi) what it needs of schemas: the
+// check of a topic's schema settings (Server.CheckSettings), how GetTopic
+// shows them (Server.SettingsOf) and the validation of what is published
+// (Server.Validator). Parsing definitions and validating messages against
+// them is package schema's; this package keeps schemas, their revisions and
+// the rules between them.
+package schemaapi
 
 import (
 	"context"
@@ -26,6 +34,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/jetorder/jetorder/internal/grpcutil"
 	"github.com/jetorder/jetorder/internal/schema"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -73,12 +82,12 @@ const (
 	schemaTimeout = 10 * time.Second // of bucket operations whose ctx has no deadline
 )
 
-// SchemaServer implements pb.SchemaServiceServer over a JetStream key-value
+// Server implements pb.SchemaServiceServer over a JetStream key-value
 // bucket (JO_SCHEMAS), one JSON record per schema holding every revision;
 // updates are compare-and-set on the record's revision, so sidecars sharing
 // the bucket can change schemas concurrently. It is safe for concurrent
 // use. It starts no goroutines and holds nothing to close.
-type SchemaServer struct {
+type Server struct {
 	pb.UnimplementedSchemaServiceServer
 
 	js       jetstream.JetStream
@@ -86,14 +95,14 @@ type SchemaServer struct {
 	replicas int
 	log      *slog.Logger
 
-	kv lazyBucket
+	kv grpcutil.LazyBucket
 
 	mu       sync.Mutex                // guards the caches
 	records  map[string]cachedRecord   // by schema name, for ValidateForTopic
 	compiled map[string]*schema.Schema // by name@revision
 }
 
-var _ pb.SchemaServiceServer = (*SchemaServer)(nil)
+var _ pb.SchemaServiceServer = (*Server)(nil)
 
 type cachedRecord struct {
 	rec   *schemaRecord // nil: the schema does not exist
@@ -101,9 +110,9 @@ type cachedRecord struct {
 	at    time.Time
 }
 
-// NewSchemaServer returns a SchemaServer over nc. The bucket is created, with
+// New returns a Server over nc. The bucket is created, with
 // file storage and the given replicas, on first use. log may be nil.
-func NewSchemaServer(nc *nats.Conn, replicas int, log *slog.Logger) *SchemaServer {
+func New(nc *nats.Conn, replicas int, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -112,9 +121,9 @@ func NewSchemaServer(nc *nats.Conn, replicas int, log *slog.Logger) *SchemaServe
 	if nc != nil {
 		js, err = jetstream.New(nc)
 	}
-	return &SchemaServer{
+	return &Server{
 		js: js, jsErr: err, replicas: max(replicas, 1), log: log,
-		kv: lazyBucket{cfg: jetstream.KeyValueConfig{
+		kv: grpcutil.LazyBucket{Config: jetstream.KeyValueConfig{
 			Bucket:      schemasBucket,
 			Description: "jetorder Pub/Sub schemas, one record per schema with every revision",
 			Storage:     jetstream.FileStorage,
@@ -126,7 +135,7 @@ func NewSchemaServer(nc *nats.Conn, replicas int, log *slog.Logger) *SchemaServe
 }
 
 // Register adds the SchemaService to g.
-func (s *SchemaServer) Register(g *grpc.Server) {
+func (s *Server) Register(g *grpc.Server) {
 	pb.RegisterSchemaServiceServer(g, s)
 }
 
@@ -341,15 +350,15 @@ func withSchemaTimeout(ctx context.Context) (context.Context, context.CancelFunc
 }
 
 // bucket opens JO_SCHEMAS, creating it on first use.
-func (s *SchemaServer) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+func (s *Server) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	if s.jsErr != nil {
-		return nil, toStatus(s.jsErr)
+		return nil, grpcutil.Status(s.jsErr)
 	}
-	return s.kv.open(ctx, s.js)
+	return s.kv.Open(ctx, s.js)
 }
 
 // load reads a schema's record; a missing schema is NOT_FOUND.
-func (s *SchemaServer) load(ctx context.Context, ref schemaRef) (*schemaRecord, uint64, error) {
+func (s *Server) load(ctx context.Context, ref schemaRef) (*schemaRecord, uint64, error) {
 	kv, err := s.bucket(ctx)
 	if err != nil {
 		return nil, 0, err
@@ -360,7 +369,7 @@ func (s *SchemaServer) load(ctx context.Context, ref schemaRef) (*schemaRecord, 
 		return nil, 0, status.Errorf(codes.NotFound, "schema %s not found", ref.name())
 	}
 	if err != nil {
-		return nil, 0, toStatus(err)
+		return nil, 0, grpcutil.Status(err)
 	}
 	rec, err := decodeRecord(e.Value())
 	if err != nil {
@@ -384,7 +393,7 @@ func decodeRecord(data []byte) (*schemaRecord, error) {
 // update changes a schema's record with f, compare-and-set: if another
 // writer got in first, it reads the record again and calls f again, until
 // ctx ends. f returns a status to refuse the change.
-func (s *SchemaServer) update(ctx context.Context, ref schemaRef, f func(*schemaRecord) error) (*schemaRecord, error) {
+func (s *Server) update(ctx context.Context, ref schemaRef, f func(*schemaRecord) error) (*schemaRecord, error) {
 	kv, err := s.bucket(ctx)
 	if err != nil {
 		return nil, err
@@ -404,12 +413,12 @@ func (s *SchemaServer) update(ctx context.Context, ref schemaRef, f func(*schema
 		newRev, err := kv.Update(ctx, ref.key(), data, kvRev)
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			if ctx.Err() != nil {
-				return nil, toStatus(ctx.Err())
+				return nil, grpcutil.Status(ctx.Err())
 			}
 			continue // changed since we read it
 		}
 		if err != nil {
-			return nil, toStatus(err)
+			return nil, grpcutil.Status(err)
 		}
 		s.remember(ref.name(), rec, newRev)
 		return rec, nil
@@ -417,7 +426,7 @@ func (s *SchemaServer) update(ctx context.Context, ref schemaRef, f func(*schema
 }
 
 // remember caches what the bucket holds for a schema at kvRev.
-func (s *SchemaServer) remember(name string, rec *schemaRecord, kvRev uint64) {
+func (s *Server) remember(name string, rec *schemaRecord, kvRev uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old, ok := s.records[name]; ok && old.kvRev > kvRev && kvRev != 0 {
@@ -430,7 +439,7 @@ func (s *SchemaServer) remember(name string, rec *schemaRecord, kvRev uint64) {
 }
 
 // forget drops what is cached of a deleted schema or revision ("" : all).
-func (s *SchemaServer) forget(name, rev string) {
+func (s *Server) forget(name, rev string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k := range s.compiled {
@@ -441,7 +450,7 @@ func (s *SchemaServer) forget(name, rev string) {
 }
 
 // cachedLoad is load through the cache, for the publish path.
-func (s *SchemaServer) cachedLoad(ctx context.Context, ref schemaRef) (*schemaRecord, error) {
+func (s *Server) cachedLoad(ctx context.Context, ref schemaRef) (*schemaRecord, error) {
 	s.mu.Lock()
 	c, ok := s.records[ref.name()]
 	s.mu.Unlock()
@@ -457,7 +466,7 @@ func (s *SchemaServer) cachedLoad(ctx context.Context, ref schemaRef) (*schemaRe
 
 // compile returns a revision's compiled schema, cached by name@revision
 // (revisions never change).
-func (s *SchemaServer) compile(name string, rev revisionRecord) (*schema.Schema, error) {
+func (s *Server) compile(name string, rev revisionRecord) (*schema.Schema, error) {
 	key := name + "@" + rev.ID
 	s.mu.Lock()
 	c := s.compiled[key]
@@ -514,10 +523,10 @@ func newRevision(sc *pb.Schema) (revisionRecord, *schema.Schema, error) {
 // The SchemaService.
 
 // CreateSchema creates a schema with its first revision.
-func (s *SchemaServer) CreateSchema(ctx context.Context, req *pb.CreateSchemaRequest) (*pb.Schema, error) {
+func (s *Server) CreateSchema(ctx context.Context, req *pb.CreateSchemaRequest) (*pb.Schema, error) {
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
-	project, err := parseProject(req.GetParent())
+	project, err := grpcutil.ParseProject(req.GetParent())
 	if err != nil {
 		return nil, err
 	}
@@ -547,7 +556,7 @@ func (s *SchemaServer) CreateSchema(ctx context.Context, req *pb.CreateSchemaReq
 		return nil, status.Errorf(codes.AlreadyExists, "schema %s already exists", ref.name())
 	}
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, grpcutil.Status(err)
 	}
 	s.remember(ref.name(), &rec, kvRev)
 	s.forget(ref.name(), "") // of an earlier schema of the same name
@@ -555,7 +564,7 @@ func (s *SchemaServer) CreateSchema(ctx context.Context, req *pb.CreateSchemaReq
 	return revisionProto(ref.name(), rev, pb.SchemaView_FULL), nil
 }
 
-func (s *SchemaServer) keepCompiled(name, rev string, c *schema.Schema) {
+func (s *Server) keepCompiled(name, rev string, c *schema.Schema) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.compiled) >= maxCached {
@@ -566,7 +575,7 @@ func (s *SchemaServer) keepCompiled(name, rev string, c *schema.Schema) {
 
 // GetSchema returns a schema's newest revision, or the revision named by
 // name@revision, under the name asked for. The default view is FULL.
-func (s *SchemaServer) GetSchema(ctx context.Context, req *pb.GetSchemaRequest) (*pb.Schema, error) {
+func (s *Server) GetSchema(ctx context.Context, req *pb.GetSchemaRequest) (*pb.Schema, error) {
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
 	ref, err := parseSchemaName(req.GetName(), revAllowed)
@@ -606,10 +615,10 @@ func revisionOf(rec *schemaRecord, ref schemaRef) (revisionRecord, error) {
 
 // ListSchemas lists a project's schemas by name, each at its newest
 // revision. The default view is BASIC.
-func (s *SchemaServer) ListSchemas(ctx context.Context, req *pb.ListSchemasRequest) (*pb.ListSchemasResponse, error) {
+func (s *Server) ListSchemas(ctx context.Context, req *pb.ListSchemasRequest) (*pb.ListSchemasResponse, error) {
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
-	project, err := parseProject(req.GetParent())
+	project, err := grpcutil.ParseProject(req.GetParent())
 	if err != nil {
 		return nil, err
 	}
@@ -619,7 +628,7 @@ func (s *SchemaServer) ListSchemas(ctx context.Context, req *pb.ListSchemasReque
 	}
 	lister, err := kv.ListKeysFiltered(ctx, escapeKey(project)+".>")
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, grpcutil.Status(err)
 	}
 	var refs []schemaRef
 	seen := map[string]bool{}
@@ -632,10 +641,10 @@ func (s *SchemaServer) ListSchemas(ctx context.Context, req *pb.ListSchemasReque
 		refs = append(refs, schemaRef{project: project, id: unescapeKey(id)})
 	}
 	if ctx.Err() != nil {
-		return nil, toStatus(ctx.Err()) // the list was cut short
+		return nil, grpcutil.Status(ctx.Err()) // the list was cut short
 	}
 	sort.Slice(refs, func(i, j int) bool { return refs[i].name() < refs[j].name() })
-	refs, next, err := page(refs, schemaRef.name, req.GetPageSize(), req.GetPageToken())
+	refs, next, err := grpcutil.Page(refs, schemaRef.name, req.GetPageSize(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
@@ -657,7 +666,7 @@ func (s *SchemaServer) ListSchemas(ctx context.Context, req *pb.ListSchemasReque
 // ListSchemaRevisions lists a schema's revisions newest first, each named
 // name@revision. The default view is BASIC. The page token is the position
 // of the last revision of the previous page.
-func (s *SchemaServer) ListSchemaRevisions(ctx context.Context, req *pb.ListSchemaRevisionsRequest) (*pb.ListSchemaRevisionsResponse, error) {
+func (s *Server) ListSchemaRevisions(ctx context.Context, req *pb.ListSchemaRevisionsRequest) (*pb.ListSchemaRevisionsResponse, error) {
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
 	ref, err := parseSchemaName(req.GetName(), revForbidden)
@@ -694,7 +703,7 @@ func (s *SchemaServer) ListSchemaRevisions(ctx context.Context, req *pb.ListSche
 }
 
 // CommitSchema adds a revision, which must be compatible with the newest.
-func (s *SchemaServer) CommitSchema(ctx context.Context, req *pb.CommitSchemaRequest) (*pb.Schema, error) {
+func (s *Server) CommitSchema(ctx context.Context, req *pb.CommitSchemaRequest) (*pb.Schema, error) {
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
 	ref, err := parseSchemaName(req.GetName(), revForbidden)
@@ -735,7 +744,7 @@ func roomForRevision(rec *schemaRecord, ref schemaRef) error {
 }
 
 // RollbackSchema adds a revision with the definition of an earlier one.
-func (s *SchemaServer) RollbackSchema(ctx context.Context, req *pb.RollbackSchemaRequest) (*pb.Schema, error) {
+func (s *Server) RollbackSchema(ctx context.Context, req *pb.RollbackSchemaRequest) (*pb.Schema, error) {
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
 	ref, err := parseSchemaName(req.GetName(), revForbidden)
@@ -765,7 +774,7 @@ func (s *SchemaServer) RollbackSchema(ctx context.Context, req *pb.RollbackSchem
 
 // DeleteSchemaRevision deletes name@revision and returns the schema as it
 // is then (its newest revision). The only revision cannot be deleted.
-func (s *SchemaServer) DeleteSchemaRevision(ctx context.Context, req *pb.DeleteSchemaRevisionRequest) (*pb.Schema, error) {
+func (s *Server) DeleteSchemaRevision(ctx context.Context, req *pb.DeleteSchemaRevisionRequest) (*pb.Schema, error) {
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
 	name := req.GetName()
@@ -802,7 +811,7 @@ func (s *SchemaServer) DeleteSchemaRevision(ctx context.Context, req *pb.DeleteS
 
 // DeleteSchema deletes a schema with every revision. Topics that name it
 // refuse messages from then on (Validator).
-func (s *SchemaServer) DeleteSchema(ctx context.Context, req *pb.DeleteSchemaRequest) (*emptypb.Empty, error) {
+func (s *Server) DeleteSchema(ctx context.Context, req *pb.DeleteSchemaRequest) (*emptypb.Empty, error) {
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
 	ref, err := parseSchemaName(req.GetName(), revForbidden)
@@ -821,12 +830,12 @@ func (s *SchemaServer) DeleteSchema(ctx context.Context, req *pb.DeleteSchemaReq
 		err = kv.Delete(ctx, ref.key(), jetstream.LastRevision(kvRev))
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			if ctx.Err() != nil {
-				return nil, toStatus(ctx.Err())
+				return nil, grpcutil.Status(ctx.Err())
 			}
 			continue // changed since we read it
 		}
 		if err != nil {
-			return nil, toStatus(err)
+			return nil, grpcutil.Status(err)
 		}
 		s.remember(ref.name(), nil, kvRev+1)
 		s.forget(ref.name(), "")
@@ -835,8 +844,8 @@ func (s *SchemaServer) DeleteSchema(ctx context.Context, req *pb.DeleteSchemaReq
 }
 
 // ValidateSchema checks a schema definition as CreateSchema does.
-func (s *SchemaServer) ValidateSchema(_ context.Context, req *pb.ValidateSchemaRequest) (*pb.ValidateSchemaResponse, error) {
-	if _, err := parseProject(req.GetParent()); err != nil {
+func (s *Server) ValidateSchema(_ context.Context, req *pb.ValidateSchemaRequest) (*pb.ValidateSchemaResponse, error) {
+	if _, err := grpcutil.ParseProject(req.GetParent()); err != nil {
 		return nil, err
 	}
 	if _, _, err := newRevision(req.GetSchema()); err != nil {
@@ -847,10 +856,10 @@ func (s *SchemaServer) ValidateSchema(_ context.Context, req *pb.ValidateSchemaR
 
 // ValidateMessage checks a message against a stored schema (its newest
 // revision, or name@revision) or one given inline.
-func (s *SchemaServer) ValidateMessage(ctx context.Context, req *pb.ValidateMessageRequest) (*pb.ValidateMessageResponse, error) {
+func (s *Server) ValidateMessage(ctx context.Context, req *pb.ValidateMessageRequest) (*pb.ValidateMessageResponse, error) {
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
-	if _, err := parseProject(req.GetParent()); err != nil {
+	if _, err := grpcutil.ParseProject(req.GetParent()); err != nil {
 		return nil, err
 	}
 	if req.GetEncoding() == pb.Encoding_ENCODING_UNSPECIFIED {
@@ -920,7 +929,7 @@ var errSchemaDeleted = status.Error(codes.NotFound, "Schema associated with topi
 // later than last (INVALID_ARGUMENT). nil settings, a topic without schema,
 // return nil. Errors are gRPC statuses. It reads the bucket, so it blocks
 // up to ctx's deadline (10s if none). It is safe for concurrent use.
-func (s *SchemaServer) CheckSettings(ctx context.Context, settings *pb.SchemaSettings) (*TopicSchema, error) {
+func (s *Server) CheckSettings(ctx context.Context, settings *pb.SchemaSettings) (*TopicSchema, error) {
 	if settings == nil {
 		return nil, nil
 	}
@@ -969,7 +978,7 @@ func (s *SchemaServer) CheckSettings(ctx context.Context, settings *pb.SchemaSet
 
 // topicRecord returns the record of the schema a topic names, through the
 // cache, or errSchemaDeleted if that schema is gone.
-func (s *SchemaServer) topicRecord(ctx context.Context, ts *TopicSchema) (schemaRef, *schemaRecord, error) {
+func (s *Server) topicRecord(ctx context.Context, ts *TopicSchema) (schemaRef, *schemaRecord, error) {
 	ref, err := parseSchemaName(ts.Schema, revForbidden)
 	if err != nil {
 		return schemaRef{}, nil, errSchemaDeleted // _deleted-schema_, or a name no schema can have
@@ -991,7 +1000,7 @@ func (s *SchemaServer) topicRecord(ctx context.Context, ts *TopicSchema) (schema
 // deleted. nil ts returns nil. It reads the schema through the cache
 // (blocking up to ctx's deadline, 10s if none, on a miss), so a deletion
 // through another server shows within recordTTL.
-func (s *SchemaServer) SettingsOf(ctx context.Context, ts *TopicSchema) (*pb.SchemaSettings, error) {
+func (s *Server) SettingsOf(ctx context.Context, ts *TopicSchema) (*pb.SchemaSettings, error) {
 	if ts == nil {
 		return nil, nil
 	}
@@ -1031,7 +1040,7 @@ type TopicValidator struct {
 // returns nil, which accepts everything. Schema records are cached for up
 // to recordTTL and compiled revisions for good, so that most calls read
 // nothing; a miss blocks on the bucket up to ctx's deadline (10s if none).
-func (s *SchemaServer) Validator(ctx context.Context, ts *TopicSchema) (*TopicValidator, error) {
+func (s *Server) Validator(ctx context.Context, ts *TopicSchema) (*TopicValidator, error) {
 	if ts == nil {
 		return nil, nil
 	}
@@ -1101,12 +1110,16 @@ func invalidReason(err error) string {
 // settings, as Publish does for each message of a request (Validator and
 // Validate), and returns the id of the revision it is valid against. nil
 // ts accepts everything.
-func (s *SchemaServer) ValidateForTopic(ctx context.Context, ts *TopicSchema, data []byte) (string, error) {
+func (s *Server) ValidateForTopic(ctx context.Context, ts *TopicSchema, data []byte) (string, error) {
 	v, err := s.Validator(ctx, ts)
 	if err != nil || v == nil {
 		return "", err
 	}
 	return v.Validate(data, "the message")
+}
+
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, args...)
 }
 
 // invalidMessage is the service's status for a message its topic's schema
