@@ -18,10 +18,10 @@ const (
 	ackAck ackKind = iota
 	ackNak
 	ackProgress
-	ackTerm
+	ackTerminate
 )
 
-var ackPayload = [...][]byte{ackAck: []byte("+ACK"), ackNak: []byte("-NAK"), ackProgress: []byte("+WPI"), ackTerm: []byte("+TERM")}
+var ackPayload = [...][]byte{ackAck: []byte("+ACK"), ackNak: []byte("-NAK"), ackProgress: []byte("+WPI"), ackTerminate: []byte("+TERM")}
 
 // handBackPayload is the nack of a message handed back (Release), and of
 // every message handed back as Receive ends. A plain -NAK only queues the
@@ -50,7 +50,7 @@ type holder interface {
 	current(d *delivery) *delivery
 	// release forgets d: its deadline is no longer extended, and what was
 	// waiting behind it may start. settled says the server has its ack or
-	// term; otherwise the message comes back.
+	// terminate; otherwise the message comes back.
 	release(d *delivery, settled bool)
 	// confirmsAcks reports whether d's ack must be confirmed by the server
 	// before d is released (a partitioned key's next message starts only
@@ -104,8 +104,8 @@ type delivery struct {
 
 	// Partitioned deliveries, guarded by their partition's lock.
 	dseq       uint64  // the consumer's latest delivery sequence of it
-	acked      ackKind // the ack or term being confirmed
-	ackSent    bool    // its ack or term was sent
+	acked      ackKind // the ack or terminate being confirmed
+	ackSent    bool    // its ack or terminate was sent
 	ackMade    bool    // acked by the application; the ack may wait for earlier ones (pipelined)
 	handedOver bool    // its handler is done with it (pipelined: the key's next may start)
 	revoked    bool    // handed back with an earlier message of its key (pipelined)
@@ -141,7 +141,7 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 		// has it); everything else is forgotten at once (for a nack, before
 		// it is sent: its redelivery may come at once, and must not be
 		// taken for a copy of this one).
-		if d.home.confirmsAcks() && (kind == ackAck || kind == ackTerm) {
+		if d.home.confirmsAcks() && (kind == ackAck || kind == ackTerminate) {
 			// The holder sends it, in its order after a reconnect
 			// (partitionedMode.confirmAcks), and again until confirmed.
 			d.acked = kind

@@ -3,12 +3,40 @@
 //
 // A topic is a JetStream stream; a message's ordering key is a subject token
 // after the key's slot, a hash of the key (see package keyrouter). Messages
-// with the same ordering key reach each subscription in publish order, one
-// at a time: with message ordering enabled, a message is never handed to a
-// handler while an earlier message of its key is unacked, on any process
-// receiving from the subscription. Unkeyed messages, and every message of a
-// subscription without ordering, go through one shared consumer and are
-// never held back.
+// with the same ordering key reach each subscription in publish order: with
+// message ordering enabled and StrictOrdering (the default), a message is
+// never handed to a handler while an earlier message of its key is unacked,
+// on any process receiving from the subscription; with PipelinedOrdering
+// (partitioned delivery without exactly-once) a key's next message starts once the
+// previous one's handler has returned, acked or not, up to
+// ReceiveSettings.KeyWindow, and a nack brings the key back to the nacked
+// message and on in order from there. Unkeyed messages, and every message
+// of a subscription without ordering, go through one shared consumer and
+// are never held back.
+//
+// # Vocabulary
+//
+// These words mean one thing each, here and in the sidecar:
+//   - delivery mode: how an ordered subscription's keyed messages reach
+//     receivers, DeliveryPartitioned or DeliveryPerKey, fixed at creation
+//     (keyedDelivery runs it within one Receive call);
+//   - ordering: when a key's next message may start, StrictOrdering or
+//     PipelinedOrdering (the sidecar's label values "strict" and
+//     "pipelined");
+//   - receiver: one Receive call; its presence id answers on a subject
+//     while it runs;
+//   - owner, pin and term: the receiver a partition's messages go to, the
+//     server's pin id it holds, and the span during which it holds one pin;
+//   - terminate: the +TERM ack, sent only for a message moved to its
+//     dead-letter topic;
+//   - discovery lease: the key of the JO_LEASES bucket whose holder runs
+//     per-key discovery, clean-up and take-over; a message's "lease" is
+//     only the sidecar's word, for a message a client holds until its ack
+//     deadline, as Pub/Sub says;
+//   - floor: the stream sequence below which per-key discovery has seen
+//     every message;
+//   - take-over: a new owner (or the discovery lease's holder) having a
+//     gone receiver's unacked messages redelivered at once.
 //
 // # Receiving
 //

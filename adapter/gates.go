@@ -216,7 +216,7 @@ func (g *gates) holds(d *delivery) bool { return g.held[d.key.seq] == d }
 func (g *gates) current(d *delivery) *delivery { return g.held[d.key.seq] }
 
 // release forgets d and returns what may start now. settled says the
-// server has d's ack (or term); otherwise d comes back, and its key waits
+// server has d's ack (or terminate); otherwise d comes back, and its key waits
 // for it. A d no longer held whose ack the server has (its handler
 // returned without one, then it was acked) unblocks its key.
 //
@@ -290,7 +290,7 @@ func (g *gates) handOver(d *delivery) []*delivery {
 	return g.pump(d.subject, k, nil)
 }
 
-// ackMade records the ack (or term) the application made of d, and
+// ackMade records the ack (or terminate) the application made of d, and
 // returns the acks that may go to the server now, in order: a key's acks
 // reach the server in its messages' order, so that a later message's ack
 // waits for the earlier ones' (pipelined ordering: a nack of an earlier one

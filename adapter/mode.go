@@ -8,8 +8,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// deliveryMode is how an ordered subscription's keyed messages reach one
-// Receive call, and when each may start (doc.go describes both modes).
+// keyedDelivery runs an ordered subscription's DeliveryMode within one
+// Receive call: how its keyed messages reach the call, and when each may
+// start (doc.go describes both modes).
 //
 // The receiver owns the handler pool, the push subscription that every
 // subscription's shared consumer (and per-key delivery's key consumers)
@@ -21,7 +22,7 @@ import (
 // check, eachHeld from its extension loop, and at the end stop, then (once
 // every handler has returned) end. Only eachHeld may run concurrently with
 // the others.
-type deliveryMode interface {
+type keyedDelivery interface {
 	// start opens the mode's consumers and starts its background work; ctx
 	// bounds the opening only. An error ends Receive.
 	start(ctx context.Context) error
@@ -40,10 +41,10 @@ type deliveryMode interface {
 	end(deadline time.Time)
 }
 
-// newMode is the delivery mode of the receiver's subscription: nil when
-// every message comes through the push subscription alone (without
-// ordering).
-func newMode(r *receiver) deliveryMode {
+// newKeyedDelivery returns the delivery mode of the receiver's
+// subscription: nil when every message comes through the push
+// subscription alone (without ordering).
+func newKeyedDelivery(r *receiver) keyedDelivery {
 	switch {
 	case r.rec.partitioned():
 		return newPartitionedMode(r)
@@ -66,7 +67,7 @@ type perKeyMode struct {
 	done    sync.WaitGroup
 }
 
-var _ deliveryMode = (*perKeyMode)(nil)
+var _ keyedDelivery = (*perKeyMode)(nil)
 
 func (m *perKeyMode) start(ctx context.Context) error {
 	if err := m.join(ctx); err != nil {

@@ -78,7 +78,7 @@ type partitionedMode struct {
 	goneOwners map[int]ownerRecord
 }
 
-var _ deliveryMode = (*partitionedMode)(nil)
+var _ keyedDelivery = (*partitionedMode)(nil)
 
 func newPartitionedMode(r *receiver) *partitionedMode {
 	return &partitionedMode{r: r, confirmWake: make(chan struct{}, 1), stopped: make(chan struct{})}

@@ -21,14 +21,14 @@ func TestRecentAcksKeepsTheLatest(t *testing.T) {
 	var a recentAcks
 	t0 := time.Unix(1000, 0)
 	a.add("old", ackAck, t0)
-	a.add("older-than-age-soon", ackTerm, t0.Add(time.Second))
+	a.add("older-than-age-soon", ackTerminate, t0.Add(time.Second))
 	now := t0.Add(recentAckAge + 500*time.Millisecond)
 	a.add("new", ackAck, now)
 	if want := []string{"older-than-age-soon", "new"}; !slices.Equal(subjects(&a), want) {
 		t.Fatalf("after an ack older than %v: %q, want %q", recentAckAge, subjects(&a), want)
 	}
-	if k := a.live()[0].kind; k != ackTerm {
-		t.Fatalf("a term kept as kind %v, want ackTerm", k)
+	if k := a.live()[0].kind; k != ackTerminate {
+		t.Fatalf("a term kept as kind %v, want ackTerminate", k)
 	}
 	a.prune(now.Add(recentAckAge), 0)
 	if want := []string{"new"}; !slices.Equal(subjects(&a), want) {

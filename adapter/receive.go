@@ -127,7 +127,7 @@ type receiver struct {
 	// mode delivers an ordered subscription's keyed messages (nil
 	// without ordering); the receiver holds what the push subscription
 	// delivers.
-	mode deliveryMode
+	mode keyedDelivery
 	// presence answers for this receiver of an ordered subscription, so
 	// that others can take over at once what it held should it die
 	// (presence.go); nil without ordering.
@@ -157,9 +157,11 @@ type receiver struct {
 }
 
 // Receive calls f for each delivered message, concurrently, until ctx is
-// done or a fatal error occurs. With message ordering enabled, f never runs
-// for a message while an earlier message of its ordering key is unacked, on
-// any process receiving from the subscription.
+// done or a fatal error occurs. With message ordering enabled and
+// StrictOrdering, f never runs for a message while an earlier message of
+// its ordering key is unacked, on any process receiving from the
+// subscription; with PipelinedOrdering it runs once f has returned for the
+// earlier one (ReceiveSettings.Ordering).
 //
 // f must call Ack or Nack. If f returns without either, the message is
 // redelivered when its ack deadline passes. The ack deadline is extended
@@ -210,7 +212,7 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 			superseded: make(chan struct{}),
 		}
 		r.pipelined = r.keyWindow() > 1
-		r.mode = newMode(r)
+		r.mode = newKeyedDelivery(r)
 		r.deadLetter.Store(rec.DeadLetter)
 		r.retry.Store(rec.Retry)
 		if rec.Filter != "" {
@@ -747,7 +749,7 @@ func (r *receiver) moveToDeadLetter(d *delivery, dl *deadLetterRecord) {
 	}
 	r.c.cfg.logger.Info("moved message to dead-letter topic", "subscription", r.sub.id,
 		"dead_letter_topic", t.String(), "message", m.ID, "ordering_key", m.OrderingKey, "attempts", m.DeliveryAttempt-1)
-	d.finish(ackTerm)
+	d.finish(ackTerminate)
 	if h := r.settings.Hooks; h != nil {
 		h.DeadLettered(r.sub, m)
 	}

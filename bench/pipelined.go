@@ -23,9 +23,9 @@ var (
 // (jetorder-ordering), beside the library's Receive (strict) in the same
 // round: 256 keys, and a single hot key.
 func (b *bench) pipelinedRuns() chart {
-	strict := b.startSidecarWith(pubsubapi.Config{Ordering: pubsubapi.OrderingStrict})
+	strict := b.startSidecarWith(pubsubapi.Config{Ordering: pubsubapi.StrictOrdering})
 	defer strict.stop()
-	piped := b.startSidecarWith(pubsubapi.Config{Ordering: pubsubapi.OrderingPipelined, MaxOutstandingMessages: *pipeOutstanding})
+	piped := b.startSidecarWith(pubsubapi.Config{Ordering: pubsubapi.PipelinedOrdering, MaxOutstandingMessages: *pipeOutstanding})
 	defer piped.stop()
 	library := func(sub *adapter.Subscription, done func()) func(context.Context) error {
 		return func(ctx context.Context) error {

@@ -87,7 +87,7 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	str(&c.logFormat, "log-format", "text", `"text" (key=value) or "json" (one object per line), on stderr`)
 	fs.BoolVar(&c.version, "version", false, "print the version, the commit, and the nats-server version, and exit")
 	var ordering string
-	str(&ordering, "ordering", string(pubsubapi.OrderingStrict), `when a key's next message goes to a client on ordered subscriptions without a jetorder-ordering label: "strict" (once the previous one is acked) or "pipelined" (without waiting for acks, for clients that run a key's handlers one at a time; docs/SIDECAR.md)`)
+	str(&ordering, "ordering", string(pubsubapi.StrictOrdering), `when a key's next message goes to a client on ordered subscriptions without a jetorder-ordering label: "strict" (once the previous one is acked) or "pipelined" (without waiting for acks, for clients that run a key's handlers one at a time; docs/SIDECAR.md)`)
 	var delivery, replicas, maxOutstanding, maxStreams, shutdown, webhookOrigins, webhookRate, pushMax string
 	str(&delivery, "delivery", string(adapter.DefaultDelivery), `delivery of ordered subscriptions created without a jetorder-delivery label: "per-key" or "partitioned" (docs/SIDECAR.md)`)
 	str(&replicas, "replicas", "1", "replicas of the streams and buckets the sidecar creates (3 in a cluster)")
@@ -135,7 +135,7 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 		err = errors.Join(err, fmt.Errorf("--delivery %q: want per-key or partitioned", delivery))
 	}
 	switch pubsubapi.Ordering(ordering) {
-	case pubsubapi.OrderingStrict, pubsubapi.OrderingPipelined:
+	case pubsubapi.StrictOrdering, pubsubapi.PipelinedOrdering:
 		c.Ordering = pubsubapi.Ordering(ordering)
 	default:
 		err = errors.Join(err, fmt.Errorf("--ordering %q: want strict or pipelined", ordering))

@@ -65,7 +65,7 @@ type Config struct {
 	Delivery adapter.DeliveryMode
 	// Ordering is when a key's next message goes to a client on ordered
 	// subscriptions without a jetorder-ordering label. Default
-	// OrderingStrict.
+	// StrictOrdering.
 	Ordering Ordering
 	Logger   *slog.Logger
 	// Replicas of the buckets the server creates (JO_SNAPSHOTS). Default 1.

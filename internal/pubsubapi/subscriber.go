@@ -343,8 +343,8 @@ func checkSubscriptionLabels(labels map[string]string) error {
 	if v, ok := labels[broker.LabelDIDComm]; ok && v != broker.DIDCommTrack {
 		return invalid("label %s %q: the only value is %q (remove the label to stop tracking)", broker.LabelDIDComm, v, broker.DIDCommTrack)
 	}
-	if v, ok := labels[labelOrdering]; ok && v != string(OrderingStrict) && v != string(OrderingPipelined) {
-		return invalid("label %s %q: want %q or %q", labelOrdering, v, OrderingStrict, OrderingPipelined)
+	if v, ok := labels[labelOrdering]; ok && v != string(StrictOrdering) && v != string(PipelinedOrdering) {
+		return invalid("label %s %q: want %q or %q", labelOrdering, v, StrictOrdering, PipelinedOrdering)
 	}
 	if v, ok := labels[push.FormatLabel]; ok && v != push.FormatLabelCloudEvents {
 		return invalid("label %s %q: the only value is %q", push.FormatLabel, v, push.FormatLabelCloudEvents)
@@ -353,21 +353,21 @@ func checkSubscriptionLabels(labels map[string]string) error {
 }
 
 // labelOrdering chooses when a key's next message goes to a client:
-// OrderingStrict or OrderingPipelined (Config.Ordering when absent).
+// StrictOrdering or PipelinedOrdering (Config.Ordering when absent).
 const labelOrdering = "jetorder-ordering"
 
 // Ordering is the value of labelOrdering and of Config.Ordering.
 type Ordering string
 
 const (
-	// OrderingStrict sends a key's next message once the previous one is
+	// StrictOrdering sends a key's next message once the previous one is
 	// acked (and JetStream has the ack).
-	OrderingStrict Ordering = "strict"
-	// OrderingPipelined sends a key's messages to one stream without
+	StrictOrdering Ordering = "strict"
+	// PipelinedOrdering sends a key's messages to one stream without
 	// waiting for acks, up to MaxOutstandingMessages of the key, as the
 	// service does: for clients that run a key's handlers one at a time
 	// (Go, Java, Python), not for Node's.
-	OrderingPipelined Ordering = "pipelined"
+	PipelinedOrdering Ordering = "pipelined"
 )
 
 // pipelinedOrdering reports whether the subscription cfg is received with
@@ -379,7 +379,7 @@ func (s *Server) pipelinedOrdering(cfg *adapter.SubscriptionConfig) bool {
 	if !ok {
 		o = string(s.cfg.Ordering)
 	}
-	return o == string(OrderingPipelined) && cfg.EnableMessageOrdering &&
+	return o == string(PipelinedOrdering) && cfg.EnableMessageOrdering &&
 		cfg.Delivery == adapter.DeliveryPartitioned && !cfg.ExactlyOnce
 }
 
