@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetorder/jetorder/adapter"
@@ -65,6 +66,10 @@ type Config struct {
 	// :publish through its Publish. nil: only publish is served, straight
 	// through the broker, and the other REST routes answer 404.
 	PubSub PubSub
+	// Schemas serves the SchemaService's REST routes under
+	// /v1/projects/{project}/schemas (with PubSub set). nil: they answer
+	// 404.
+	Schemas pb.SchemaServiceServer
 	// WebhookAllowedOrigins are the origins (WebHook-Request-Origin
 	// values, such as eventemitter.example.com, compared without regard
 	// to case) whose CloudEvents webhook validation requests on the
@@ -140,7 +145,7 @@ func New(cfg Config) http.Handler {
 	a.mux.HandleFunc("/v1/subscriptions/{subscription}/didcomm/threads/{thread}", a.inDefaultProject(a.didcommThread))
 	a.mux.HandleFunc("/v1/subscriptions/{subscription}/didcomm/threads/{$}", a.inDefaultProject(a.didcommThread))
 	if a.pubsub != nil {
-		a.rest = newRESTAPI(a.pubsub)
+		a.rest = newRESTAPI(a.pubsub, cfg.Schemas)
 		a.restRoutes()
 	}
 	a.mux.HandleFunc("/healthz", a.healthz)

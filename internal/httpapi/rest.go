@@ -52,25 +52,34 @@ type restMethod struct {
 	// field is the request field the URL's resource name fills, a
 	// dotted path of proto names: "name", "topic.name", "project".
 	field string
-	// body: the rule's body is "*": the JSON body is the request. Without
-	// a body the fields other than field come from the query string.
-	body   bool
+	// body is the rule's body: "*", the JSON body is the request; a field
+	// name, the body is that field ("schema") and the other fields come
+	// from the query string; "", no body, every other field from the
+	// query string.
+	body string
+	// method is the HTTP method of a custom verb ({resource}:{verb}):
+	// POST unless on sets another.
+	method string
 	newReq func() proto.Message
 	call   func(context.Context, proto.Message) (proto.Message, error)
 }
 
 // rpc describes a method of the PubSub service. It panics if field is not
 // a string field of the request, a programming error.
-func rpc[Req, Resp proto.Message](name, field string, body bool, call func(context.Context, Req) (Resp, error)) *restMethod {
+func rpc[Req, Resp proto.Message](name, field, body string, call func(context.Context, Req) (Resp, error)) *restMethod {
 	var zero Req
 	typ := zero.ProtoReflect().Type()
 	if fieldOf(typ.New(), field) == nil {
 		panic(fmt.Sprintf("httpapi: %s has no string field %s", typ.Descriptor().FullName(), field))
 	}
+	if fd := typ.Descriptor().Fields().ByName(protoreflect.Name(body)); body != "" && body != "*" && (fd == nil || fd.Kind() != protoreflect.MessageKind) {
+		panic(fmt.Sprintf("httpapi: %s has no message field %s", typ.Descriptor().FullName(), body))
+	}
 	return &restMethod{
 		rpc:    name,
 		field:  field,
 		body:   body,
+		method: http.MethodPost,
 		newReq: func() proto.Message { return typ.New().Interface() },
 		call: func(ctx context.Context, req proto.Message) (proto.Message, error) {
 			return call(ctx, req.(Req))
@@ -78,82 +87,134 @@ func rpc[Req, Resp proto.Message](name, field string, body bool, call func(conte
 	}
 }
 
+// on sets the HTTP method of a custom verb.
+func (m *restMethod) on(method string) *restMethod {
+	m.method = method
+	return m
+}
+
 // restCollection is a collection of resources, projects/{project}/{kind},
 // and the methods on it and on its resources.
 type restCollection struct {
-	kind string // "topics", "subscriptions", "snapshots"
+	kind string // "topics", "subscriptions", "snapshots", "schemas"
 	list *restMethod
+	// create is POST on the collection (schemas: the id in the query),
+	// and collectionVerbs POST {kind}:{verb}; nil for the others.
+	create          *restMethod
+	collectionVerbs map[string]*restMethod
 	// The standard methods on a resource, by HTTP method: PUT creates,
 	// GET gets, PATCH updates, DELETE deletes.
 	standard map[string]*restMethod
-	verbs    map[string]*restMethod // POST {resource}:{verb}
+	verbs    map[string]*restMethod // {resource}:{verb}, by their own HTTP method
 	lists    map[string]*restMethod // GET {resource}/{what}
 }
 
 // restAPI is the REST routes' view of the service.
 type restAPI struct {
 	topics, subscriptions, snapshots *restCollection
+	schemas                          *restCollection // nil without a SchemaService
 }
 
-func newRESTAPI(s PubSub) *restAPI {
-	return &restAPI{
+func newRESTAPI(s PubSub, schemas pb.SchemaServiceServer) *restAPI {
+	api := &restAPI{
 		topics: &restCollection{
 			kind: "topics",
-			list: rpc("ListTopics", "project", false, s.ListTopics),
+			list: rpc("ListTopics", "project", "", s.ListTopics),
 			standard: map[string]*restMethod{
-				http.MethodPut:    rpc("CreateTopic", "name", true, s.CreateTopic),
-				http.MethodGet:    rpc("GetTopic", "topic", false, s.GetTopic),
-				http.MethodPatch:  rpc("UpdateTopic", "topic.name", true, s.UpdateTopic),
-				http.MethodDelete: rpc("DeleteTopic", "topic", false, s.DeleteTopic),
+				http.MethodPut:    rpc("CreateTopic", "name", "*", s.CreateTopic),
+				http.MethodGet:    rpc("GetTopic", "topic", "", s.GetTopic),
+				http.MethodPatch:  rpc("UpdateTopic", "topic.name", "*", s.UpdateTopic),
+				http.MethodDelete: rpc("DeleteTopic", "topic", "", s.DeleteTopic),
 			},
 			// :publish is served by publish, which keeps the HTTP
 			// API's own checks and texts.
 			lists: map[string]*restMethod{
-				"subscriptions": rpc("ListTopicSubscriptions", "topic", false, s.ListTopicSubscriptions),
-				"snapshots":     rpc("ListTopicSnapshots", "topic", false, s.ListTopicSnapshots),
+				"subscriptions": rpc("ListTopicSubscriptions", "topic", "", s.ListTopicSubscriptions),
+				"snapshots":     rpc("ListTopicSnapshots", "topic", "", s.ListTopicSnapshots),
 			},
 		},
 		subscriptions: &restCollection{
 			kind: "subscriptions",
-			list: rpc("ListSubscriptions", "project", false, s.ListSubscriptions),
+			list: rpc("ListSubscriptions", "project", "", s.ListSubscriptions),
 			standard: map[string]*restMethod{
-				http.MethodPut:    rpc("CreateSubscription", "name", true, s.CreateSubscription),
-				http.MethodGet:    rpc("GetSubscription", "subscription", false, s.GetSubscription),
-				http.MethodPatch:  rpc("UpdateSubscription", "subscription.name", true, s.UpdateSubscription),
-				http.MethodDelete: rpc("DeleteSubscription", "subscription", false, s.DeleteSubscription),
+				http.MethodPut:    rpc("CreateSubscription", "name", "*", s.CreateSubscription),
+				http.MethodGet:    rpc("GetSubscription", "subscription", "", s.GetSubscription),
+				http.MethodPatch:  rpc("UpdateSubscription", "subscription.name", "*", s.UpdateSubscription),
+				http.MethodDelete: rpc("DeleteSubscription", "subscription", "", s.DeleteSubscription),
 			},
 			verbs: map[string]*restMethod{
-				"pull":              rpc("Pull", "subscription", true, s.Pull),
-				"acknowledge":       rpc("Acknowledge", "subscription", true, s.Acknowledge),
-				"modifyAckDeadline": rpc("ModifyAckDeadline", "subscription", true, s.ModifyAckDeadline),
-				"modifyPushConfig":  rpc("ModifyPushConfig", "subscription", true, s.ModifyPushConfig),
-				"seek":              rpc("Seek", "subscription", true, s.Seek),
-				"detach":            rpc("DetachSubscription", "subscription", false, s.DetachSubscription),
+				"pull":              rpc("Pull", "subscription", "*", s.Pull),
+				"acknowledge":       rpc("Acknowledge", "subscription", "*", s.Acknowledge),
+				"modifyAckDeadline": rpc("ModifyAckDeadline", "subscription", "*", s.ModifyAckDeadline),
+				"modifyPushConfig":  rpc("ModifyPushConfig", "subscription", "*", s.ModifyPushConfig),
+				"seek":              rpc("Seek", "subscription", "*", s.Seek),
+				"detach":            rpc("DetachSubscription", "subscription", "", s.DetachSubscription),
 			},
 		},
 		snapshots: &restCollection{
 			kind: "snapshots",
-			list: rpc("ListSnapshots", "project", false, s.ListSnapshots),
+			list: rpc("ListSnapshots", "project", "", s.ListSnapshots),
 			standard: map[string]*restMethod{
-				http.MethodPut:    rpc("CreateSnapshot", "name", true, s.CreateSnapshot),
-				http.MethodGet:    rpc("GetSnapshot", "snapshot", false, s.GetSnapshot),
-				http.MethodPatch:  rpc("UpdateSnapshot", "snapshot.name", true, s.UpdateSnapshot),
-				http.MethodDelete: rpc("DeleteSnapshot", "snapshot", false, s.DeleteSnapshot),
+				http.MethodPut:    rpc("CreateSnapshot", "name", "*", s.CreateSnapshot),
+				http.MethodGet:    rpc("GetSnapshot", "snapshot", "", s.GetSnapshot),
+				http.MethodPatch:  rpc("UpdateSnapshot", "snapshot.name", "*", s.UpdateSnapshot),
+				http.MethodDelete: rpc("DeleteSnapshot", "snapshot", "", s.DeleteSnapshot),
 			},
 		},
 	}
+	if schemas != nil {
+		// google/pubsub/v1/schema.proto's rules.
+		api.schemas = &restCollection{
+			kind:   "schemas",
+			list:   rpc("ListSchemas", "parent", "", schemas.ListSchemas),
+			create: rpc("CreateSchema", "parent", "schema", schemas.CreateSchema),
+			collectionVerbs: map[string]*restMethod{
+				"validate":        rpc("ValidateSchema", "parent", "*", schemas.ValidateSchema),
+				"validateMessage": rpc("ValidateMessage", "parent", "*", schemas.ValidateMessage),
+			},
+			standard: map[string]*restMethod{
+				http.MethodGet:    rpc("GetSchema", "name", "", schemas.GetSchema),
+				http.MethodDelete: rpc("DeleteSchema", "name", "", schemas.DeleteSchema),
+			},
+			verbs: map[string]*restMethod{
+				"commit":         rpc("CommitSchema", "name", "*", schemas.CommitSchema),
+				"rollback":       rpc("RollbackSchema", "name", "*", schemas.RollbackSchema),
+				"listRevisions":  rpc("ListSchemaRevisions", "name", "", schemas.ListSchemaRevisions).on(http.MethodGet),
+				"deleteRevision": rpc("DeleteSchemaRevision", "name", "", schemas.DeleteSchemaRevision).on(http.MethodDelete),
+			},
+		}
+	}
+	return api
 }
 
 // restRoutes adds the REST routes other than topics/{topic} and
 // {topic}:publish, which topicAction serves. ServeMux wildcards are whole
 // segments: "{subscription}:pull" is one, split by restResource.
 func (a *api) restRoutes() {
-	for _, c := range []*restCollection{a.rest.topics, a.rest.subscriptions, a.rest.snapshots} {
+	collections := []*restCollection{a.rest.topics, a.rest.subscriptions, a.rest.snapshots}
+	if a.rest.schemas != nil {
+		collections = append(collections, a.rest.schemas)
+	}
+	for _, c := range collections {
 		a.mux.HandleFunc("/v1/projects/{project}/"+c.kind, a.inProject(func(w http.ResponseWriter, r *http.Request, project string) {
-			if a.allow(w, r, http.MethodGet) {
+			switch {
+			case c.create != nil && r.Method == http.MethodPost:
+				a.serveREST(w, r, c.create, "projects/"+project)
+			case c.create != nil:
+				if a.allow(w, r, http.MethodGet, http.MethodPost) {
+					a.serveREST(w, r, c.list, "projects/"+project)
+				}
+			case a.allow(w, r, http.MethodGet):
 				a.serveREST(w, r, c.list, "projects/"+project)
 			}
 		}))
+		for verb, m := range c.collectionVerbs {
+			a.mux.HandleFunc("/v1/projects/{project}/"+c.kind+":"+verb, a.inProject(func(w http.ResponseWriter, r *http.Request, project string) {
+				if a.allow(w, r, m.method) {
+					a.serveREST(w, r, m, "projects/"+project)
+				}
+			}))
+		}
 		if c != a.rest.topics { // topics/{action} is topicAction's
 			a.mux.HandleFunc("/v1/projects/{project}/"+c.kind+"/{resource}", a.inProject(func(w http.ResponseWriter, r *http.Request, project string) {
 				a.restResource(w, r, c, project, r.PathValue("resource"))
@@ -184,7 +245,13 @@ func (a *api) restResource(w http.ResponseWriter, r *http.Request, c *restCollec
 	if !custom {
 		m := c.standard[r.Method]
 		if m == nil {
-			a.allow(w, r, http.MethodPut, http.MethodGet, http.MethodPatch, http.MethodDelete)
+			var methods []string
+			for _, m := range []string{http.MethodPut, http.MethodGet, http.MethodPatch, http.MethodDelete} {
+				if c.standard[m] != nil {
+					methods = append(methods, m)
+				}
+			}
+			a.allow(w, r, methods...)
 			return
 		}
 		a.serveREST(w, r, m, name)
@@ -201,7 +268,7 @@ func (a *api) restResource(w http.ResponseWriter, r *http.Request, c *restCollec
 			r.Method, r.URL.Path, strings.TrimSuffix(c.kind, "s"), verb, orNone(strings.Join(verbs, ", "))))
 		return
 	}
-	if a.allow(w, r, http.MethodPost) {
+	if a.allow(w, r, m.method) {
 		a.serveREST(w, r, m, name)
 	}
 }
@@ -234,8 +301,8 @@ func (a *api) serveREST(w http.ResponseWriter, r *http.Request, m *restMethod, n
 		return
 	}
 	req := m.newReq()
-	if m.body {
-		if err := a.decodeBody(w, r, req); err != nil {
+	if m.body != "" {
+		if err := a.decodeBody(w, r, bodyOf(req, m.body)); err != nil {
 			a.fail(w, r, err)
 			return
 		}
@@ -276,6 +343,28 @@ func (a *api) decodeBody(w http.ResponseWriter, r *http.Request, req proto.Messa
 		return errorf(http.StatusBadRequest, "invalid JSON: %s", protoErrorText(err))
 	}
 	return nil
+}
+
+// queryNames reports whether the query parameter key names req's field
+// field, or a field in it (by its JSON or proto name).
+func queryNames(req protoreflect.Message, key, field string) bool {
+	first, _, _ := strings.Cut(key, ".")
+	fds := req.Descriptor().Fields()
+	fd := fds.ByJSONName(first)
+	if fd == nil {
+		fd = fds.ByName(protoreflect.Name(first))
+	}
+	return fd != nil && string(fd.Name()) == field
+}
+
+// bodyOf is what a JSON body fills in req: req itself for body "*", or
+// its message field body.
+func bodyOf(req proto.Message, body string) proto.Message {
+	if body == "*" {
+		return req
+	}
+	m := req.ProtoReflect()
+	return m.Mutable(m.Descriptor().Fields().ByName(protoreflect.Name(body))).Message().Interface()
 }
 
 // protoErrorText is a protobuf error's text without its "proto: " prefix
@@ -404,7 +493,7 @@ func bindQuery(req protoreflect.Message, query url.Values, m *restMethod) error 
 	}
 	slices.Sort(keys)
 	for _, key := range keys {
-		if m.body {
+		if m.body == "*" || m.body != "" && queryNames(req, key, m.body) {
 			return errorf(http.StatusBadRequest, "query parameter %q is not allowed: %s takes its fields in the JSON body", key, m.rpc)
 		}
 		if err := setQueryField(req, key, query[key], m.field); err != nil {

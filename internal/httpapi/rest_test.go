@@ -54,7 +54,7 @@ func newRESTEnv(t *testing.T, cfg httpapi.Config) *restEnv {
 	}
 	ps := pubsubapi.New(b, pubsubapi.Config{PullWait: 2 * time.Second, Schemas: schemas, PushAllow: allow})
 	t.Cleanup(ps.Close)
-	cfg.Broker, cfg.PubSub = b, ps
+	cfg.Broker, cfg.PubSub, cfg.Schemas = b, ps, schemas
 	srv := httptest.NewServer(httpapi.New(cfg))
 	t.Cleanup(srv.Close)
 	return &restEnv{ps: ps, schemas: schemas, b: b, srv: srv}
@@ -858,4 +858,73 @@ func TestRESTBase64(t *testing.T) {
 	r := e.call(t, "POST", "subscriptions/bytes-sub:pull", `{"maxMessages": 1}`)
 	// Google's REST API answers bytes in standard base64, padded.
 	mustContain(t, "pulled data", string(r.body), `"data":"`+base64.StdEncoding.EncodeToString(data)+`"`)
+}
+
+// The SchemaService's REST routes, as google/pubsub/v1/schema.proto's
+// rules map them (gcloud's pubsub schemas commands use them).
+func TestRESTSchemas(t *testing.T) {
+	e := newRESTEnv(t, httpapi.Config{})
+	const v1 = `{"type": "record", "name": "Order", "fields": [{"name": "id", "type": "int"}]}`
+	const v2 = `{"type": "record", "name": "Order", "fields": [{"name": "id", "type": "int"}, {"name": "note", "type": "string", "default": ""}]}`
+	schemaName := "projects/" + restProject + "/schemas/orders"
+	body := func(def string) string {
+		b, err := json.Marshal(map[string]string{"type": "AVRO", "definition": def})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+
+	var created pb.Schema
+	e.ok(t, "POST", "schemas?schemaId=orders", body(v1), &created)
+	if created.GetName() != schemaName || created.GetDefinition() != v1 || created.GetRevisionId() == "" {
+		t.Errorf("created %v", &created)
+	}
+	e.fails(t, "POST", "schemas?schemaId=orders", body(v1), 409, "ALREADY_EXISTS")
+	mustContain(t, "a body field in the query", e.fails(t, "POST", "schemas?schemaId=x&schema.type=AVRO", body(v1), 400, "INVALID_ARGUMENT"), `query parameter "schema.type" is not allowed`)
+
+	var got pb.Schema
+	e.ok(t, "GET", "schemas/orders", "", &got)
+	if !proto.Equal(&got, &created) {
+		t.Errorf("GET %v, want %v", &got, &created)
+	}
+	e.fails(t, "GET", "schemas/nope", "", 404, "NOT_FOUND")
+	var list pb.ListSchemasResponse
+	e.ok(t, "GET", "schemas", "", &list)
+	if len(list.GetSchemas()) != 1 || list.GetSchemas()[0].GetName() != schemaName {
+		t.Errorf("list %v", &list)
+	}
+
+	var committed pb.Schema
+	e.ok(t, "POST", "schemas/orders:commit", `{"schema": `+body(v2)+`}`, &committed)
+	if committed.GetDefinition() != v2 || committed.GetRevisionId() == created.GetRevisionId() {
+		t.Errorf("committed %v", &committed)
+	}
+	var revs pb.ListSchemaRevisionsResponse
+	e.ok(t, "GET", "schemas/orders:listRevisions", "", &revs)
+	if len(revs.GetSchemas()) != 2 {
+		t.Errorf("revisions %v", &revs)
+	}
+	e.fails(t, "POST", "schemas/orders:listRevisions", "", 405, "UNIMPLEMENTED")
+	var rolled pb.Schema
+	e.ok(t, "POST", "schemas/orders:rollback", `{"revisionId": "`+created.GetRevisionId()+`"}`, &rolled)
+	if rolled.GetDefinition() != v1 {
+		t.Errorf("rolled back to %v", &rolled)
+	}
+	e.ok(t, "DELETE", "schemas/orders:deleteRevision?revisionId="+committed.GetRevisionId(), "", nil)
+	e.ok(t, "GET", "schemas/orders:listRevisions", "", &revs)
+	if len(revs.GetSchemas()) != 2 { // the first and its rollback copy
+		t.Errorf("revisions after deleting one: %v", &revs)
+	}
+
+	e.ok(t, "POST", "schemas:validate", `{"schema": `+body(v1)+`}`, nil)
+	e.fails(t, "POST", "schemas:validate", `{"schema": {"type": "AVRO", "definition": "{"}}`, 400, "INVALID_ARGUMENT")
+	e.ok(t, "POST", "schemas:validateMessage", `{"name": "`+schemaName+`", "message": "eyJpZCI6IDF9", "encoding": "JSON"}`, nil)
+	e.fails(t, "POST", "schemas:validateMessage", `{"name": "`+schemaName+`", "message": "eyJpZCI6ICJ4In0=", "encoding": "JSON"}`, 400, "INVALID_ARGUMENT")
+	e.fails(t, "GET", "schemas:validate", "", 405, "UNIMPLEMENTED")
+	mustContain(t, "an unknown verb", e.fails(t, "POST", "schemas/orders:nope", "", 404, "NOT_FOUND"), "it has :commit, :deleteRevision, :listRevisions, :rollback")
+	mustContain(t, "PATCH of a schema", e.fails(t, "PATCH", "schemas/orders", "{}", 405, "UNIMPLEMENTED"), "use GET or DELETE")
+
+	e.ok(t, "DELETE", "schemas/orders", "", nil)
+	e.fails(t, "GET", "schemas/orders", "", 404, "NOT_FOUND")
 }

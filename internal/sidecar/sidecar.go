@@ -276,6 +276,7 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 			Ready:          s.ready,
 			Logger:         log,
 			PubSub:         s.api, // the Pub/Sub REST API, over the gRPC server's methods
+			Schemas:        schemas,
 			Status:         s.api.Status,
 
 			WebhookAllowedOrigins: cfg.WebhookAllowedOrigins,
