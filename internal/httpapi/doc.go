@@ -1,6 +1,6 @@
 // Package httpapi is the sidecar's HTTP API: Google Pub/Sub's REST API
 // (publishing always; topics, subscriptions and snapshots when
-// Config.PubSub is set), publishing CloudEvents over the CloudEvents HTTP
+// Config.PubSub is set, schemas when Config.Schemas is too), publishing CloudEvents over the CloudEvents HTTP
 // binding, the health and metrics endpoints, and the status page.
 //
 // Routes (docs/HTTP.md has the request and response shapes):
@@ -33,6 +33,10 @@
 //	POST /v1/projects/{project}/subscriptions/{subscription}:{verb}            pull, acknowledge, modifyAckDeadline, modifyPushConfig, seek, detach
 //	PUT|GET|PATCH|DELETE /v1/projects/{project}/snapshots/{snapshot}           CreateSnapshot, GetSnapshot, UpdateSnapshot, DeleteSnapshot
 //	GET  /v1/projects/{project}/snapshots                                      ListSnapshots
+//	POST|GET /v1/projects/{project}/schemas                                    CreateSchema (?schemaId=), ListSchemas
+//	GET|DELETE /v1/projects/{project}/schemas/{schema}                         GetSchema, DeleteSchema
+//	POST|GET|DELETE /v1/projects/{project}/schemas/{schema}:{verb}             commit, rollback (POST); listRevisions (GET); deleteRevision (DELETE)
+//	POST /v1/projects/{project}/schemas:{verb}                                 validate, validateMessage
 //
 // Both publish routes answer only once every message is stored, and refuse a
 // request whole when any message in it is invalid. Errors are JSON in the
