@@ -21,6 +21,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/types"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -41,11 +42,11 @@ const (
 )
 
 func TestCloudEventsBatchThroughSidecar(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{WebhookAllowedOrigins: []string{"eventemitter.example.com"}, WebhookAllowedRate: 120})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{WebhookAllowedOrigins: []string{"eventemitter.example.com"}, WebhookAllowedRate: 120})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, cebTopic)
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath(cebSub), Topic: topicPath(cebTopic), EnableMessageOrdering: true})
-	eventsURL := "http://" + sc.at.HTTP + "/v1/projects/" + project + "/topics/" + cebTopic + "/events"
+	eventsURL := "http://" + sc.HTTP + "/v1/projects/" + project + "/topics/" + cebTopic + "/events"
 
 	chk := ordercheck.New()
 	var mu sync.Mutex

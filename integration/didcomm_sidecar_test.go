@@ -21,6 +21,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
@@ -92,8 +93,8 @@ func compactJSON(t *testing.T, s string) string {
 // resends, received_orders is the specification's example, and a second
 // resend never reaches the client.
 func TestSidecarDIDCommAuction(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "auction")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("auctioneer"), Topic: topicPath("auction"), EnableMessageOrdering: true,
 		Labels: map[string]string{"jetorder-didcomm": "track"}})
@@ -176,7 +177,7 @@ func TestSidecarDIDCommAuction(t *testing.T) {
 		t.Fatalf("plain message got DIDComm attributes: %+v", got)
 	}
 
-	metrics := scrape(t, sc.at.HTTP)
+	metrics := scrape(t, sc.HTTP)
 	label := `{subscription="` + subPath("auctioneer") + `"}`
 	for _, want := range []string{
 		"jetorder_didcomm_gaps_opened_total" + label + " 2\n",
@@ -207,8 +208,8 @@ func scrape(t *testing.T, httpAddr string) string {
 // Switching tracking on for a subscription with a backlog delivers the
 // backlog, tracked, and nothing acked before.
 func TestSidecarDIDCommTrackingSwitchedOn(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "bids")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("bids-sub"), Topic: topicPath("bids"), EnableMessageOrdering: true})
 	pub := c.Publisher("bids")
@@ -293,7 +294,7 @@ func TestSidecarDIDCommSharedWithLibraryAcrossSIGKILL(t *testing.T) {
 	dir := t.TempDir()
 	natsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	a := killStart(t, bin, dir, "127.0.0.1:0", "127.0.0.1:0", "--nats-listen", natsAddr)
-	c := goClientAt(t, a.grpc)
+	c := itest.GoClient(t, a.grpc)
 	mustCreateTopic(t, c, "shared")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("shared-sub"), Topic: topicPath("shared"), EnableMessageOrdering: true,
 		Labels: map[string]string{"jetorder-didcomm": "track"}})
@@ -335,7 +336,7 @@ func TestSidecarDIDCommSharedWithLibraryAcrossSIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lib.Close()
-	c = goClientAt(t, a.grpc)
+	c = itest.GoClient(t, a.grpc)
 	alice4again, alice5 := bid(t, "auction-2", "did:ex:alice", 4, 2), bid(t, "auction-2", "did:ex:alice", 5, 0)
 	publishBids(c, bid(t, "auction-2", "did:ex:alice", 2, 2), bid(t, "auction-2", "did:ex:alice", 3, 2), alice4again, alice5)
 	var viaLibrary handoverLog

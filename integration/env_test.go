@@ -13,10 +13,11 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/embedded"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
-const project = "test-project"
+const project = itest.Project
 
 // env is one embedded server and a client of it.
 type env struct {
@@ -63,16 +64,11 @@ func (e *env) createTopic(id string) *adapter.Topic {
 	return topic
 }
 
-// testDelivery is the delivery mode of the ordered subscriptions the
-// tests create without choosing one: JETORDER_TEST_DELIVERY=per-key runs
-// the shared behaviour suite against per-key delivery instead of the
-// default, partitioned (make test runs it both ways).
-var testDelivery = adapter.DeliveryMode(os.Getenv("JETORDER_TEST_DELIVERY"))
-
-// withTestDelivery applies testDelivery to cfg.
+// withTestDelivery applies itest.Delivery, the delivery mode the tests
+// run with, to cfg.
 func withTestDelivery(cfg adapter.SubscriptionConfig) adapter.SubscriptionConfig {
-	if cfg.EnableMessageOrdering && cfg.Delivery == "" && testDelivery != "" {
-		cfg.Delivery = testDelivery
+	if cfg.EnableMessageOrdering && cfg.Delivery == "" && itest.Delivery != "" {
+		cfg.Delivery = itest.Delivery
 	}
 	return cfg
 }

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
@@ -75,7 +76,7 @@ func chaosKills(t *testing.T, pipelined bool) {
 	b := startSidecar("127.0.0.1:0", "127.0.0.1:0")
 
 	opens := &streamOpens{at: map[string]time.Time{}}
-	c := goClientAt(t, b.grpc, option.WithGRPCDialOption(grpc.WithStreamInterceptor(opens.intercept)))
+	c := itest.GoClient(t, b.grpc, option.WithGRPCDialOption(grpc.WithStreamInterceptor(opens.intercept)))
 	subs := []string{"chaos-a", "chaos-b"}
 	mustCreateTopic(t, c, "chaos")
 	for _, s := range subs {
@@ -88,7 +89,7 @@ func chaosKills(t *testing.T, pipelined bool) {
 	for k := range keys {
 		names = append(names, fmt.Sprintf("user-%d", k))
 	}
-	publishCheckedGo(t, pub, chk, names, perKey)
+	itest.PublishChecked(t, pub, chk, names, 0, perKey)
 	pub.Stop()
 	chk.AcksMayBeLost()
 
@@ -261,7 +262,7 @@ func chaosKills(t *testing.T, pipelined bool) {
 		if r.back > 0 {
 			share = r.after
 		}
-		if (testDelivery != adapter.DeliveryPerKey || pipelined) && share > 8*time.Second {
+		if (itest.Delivery != adapter.DeliveryPerKey || pipelined) && share > 8*time.Second {
 			t.Errorf("kill %d (%s): delivery stalled %v, the sidecar's share %v", i+1, r.what, r.stall, share)
 		}
 	}
@@ -361,10 +362,10 @@ func freeAddr(t *testing.T) string {
 }
 
 func deliveryName() string {
-	if testDelivery == "" {
+	if itest.Delivery == "" {
 		return "partitioned (default)"
 	}
-	return string(testDelivery)
+	return string(itest.Delivery)
 }
 
 // chaosConsumers describes every consumer of the chaos topic, for a

@@ -19,6 +19,7 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
@@ -35,7 +36,7 @@ func TestFaultSidecarSIGKILL(t *testing.T) {
 	dir := t.TempDir()
 	a := killStart(t, bin, dir, "127.0.0.1:0", "127.0.0.1:0")
 
-	c := goClientAt(t, a.grpc)
+	c := itest.GoClient(t, a.grpc)
 	mustCreateTopic(t, c, "killed")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("killed-sub"), Topic: topicPath("killed"), EnableMessageOrdering: true, AckDeadlineSeconds: 10})
 
@@ -141,8 +142,8 @@ var killListening = regexp.MustCompile(`msg="jetorder sidecar listening" grpc=(\
 func killStart(t *testing.T, bin, dataDir, grpcAddr, httpAddr string, extra ...string) *killProc {
 	t.Helper()
 	args := append([]string{"--data-dir", dataDir, "--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--shutdown-timeout", "2s"}, extra...)
-	if testDelivery != "" {
-		args = append(args, "--delivery", string(testDelivery))
+	if itest.Delivery != "" {
+		args = append(args, "--delivery", string(itest.Delivery))
 	}
 	cmd := exec.Command(bin, args...)
 	stderr, err := cmd.StderrPipe()

@@ -31,6 +31,7 @@ import (
 
 	"github.com/jetorder/jetorder/internal/embedded"
 	"github.com/jetorder/jetorder/internal/httpapi"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
@@ -55,9 +56,9 @@ func (hostileRawCodec) Name() string { return "proto" }
 
 // hostileConn is a gRPC connection to the sidecar that accepts responses of
 // up to 32 MiB.
-func hostileConn(t *testing.T, sc *sidecarProc) *grpc.ClientConn {
+func hostileConn(t *testing.T, sc *itest.Sidecar) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(sc.at.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient(sc.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(32<<20)))
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +69,7 @@ func hostileConn(t *testing.T, sc *sidecarProc) *grpc.ClientConn {
 
 // hostileSetup starts a sidecar with topic "hostile" and an ordered
 // subscription "hostile-sub" of it.
-func hostileSetup(t *testing.T, cfg sidecar.Config) (*sidecarProc, jetstream.JetStream, pb.PublisherClient, pb.SubscriberClient) {
+func hostileSetup(t *testing.T, cfg sidecar.Config) (*itest.Sidecar, jetstream.JetStream, pb.PublisherClient, pb.SubscriberClient) {
 	t.Helper()
 	sc, js := injSidecar(t, cfg)
 	pubc, subc := hostileClients(t, sc)
@@ -76,14 +77,14 @@ func hostileSetup(t *testing.T, cfg sidecar.Config) (*sidecarProc, jetstream.Jet
 }
 
 // hostileSetupOn is hostileSetup on the NATS server cfg names.
-func hostileSetupOn(t *testing.T, cfg sidecar.Config) (*sidecarProc, pb.PublisherClient, pb.SubscriberClient) {
+func hostileSetupOn(t *testing.T, cfg sidecar.Config) (*itest.Sidecar, pb.PublisherClient, pb.SubscriberClient) {
 	t.Helper()
-	sc := startSidecar(t, cfg)
+	sc := itest.Start(t, cfg)
 	pubc, subc := hostileClients(t, sc)
 	return sc, pubc, subc
 }
 
-func hostileClients(t *testing.T, sc *sidecarProc) (pb.PublisherClient, pb.SubscriberClient) {
+func hostileClients(t *testing.T, sc *itest.Sidecar) (pb.PublisherClient, pb.SubscriberClient) {
 	t.Helper()
 	conn := hostileConn(t, sc)
 	pubc, subc := pb.NewPublisherClient(conn), pb.NewSubscriberClient(conn)
@@ -305,12 +306,12 @@ func TestHostileGRPCTruncatedFrames(t *testing.T) {
 		{"compressed without an encoding", hostilePrefixed(1, len(publish), publish), codes.Internal, "grpc: compressed flag set with identity or empty encoding"},
 		{"a flag that is not 0 or 1", hostilePrefixed(7, len(publish), publish), codes.Internal, "grpc: received unexpected payload format 7"},
 	} {
-		if code, msg := hostileFrame(t, sc.at.GRPC, method, tc.frame); code != tc.code || msg != tc.msg {
+		if code, msg := hostileFrame(t, sc.GRPC, method, tc.frame); code != tc.code || msg != tc.msg {
 			t.Errorf("%s: %v %q, want %v %q", tc.name, code, msg, tc.code, tc.msg)
 		}
 	}
 	injAssertStored(t, js, project, "hostile", 0)
-	if code, msg := hostileFrame(t, sc.at.GRPC, method, hostilePrefixed(0, len(publish), publish)); code != codes.OK {
+	if code, msg := hostileFrame(t, sc.GRPC, method, hostilePrefixed(0, len(publish), publish)); code != codes.OK {
 		t.Fatalf("the request framed right: %v %q", code, msg)
 	}
 	injAssertStored(t, js, project, "hostile", 1)
@@ -503,7 +504,7 @@ func TestHostileMessageSizes(t *testing.T) {
 		t.Fatalf("gRPC publish of 5 MB: %v", err)
 	}
 	body := fmt.Sprintf(`{"messages":[{"data":%q,"orderingKey":"big"}]}`, injB64(big[:4_000_000]))
-	if code, msg := injPostJSON(t, "http://"+sc.at.HTTP+"/v1/projects/"+project+"/topics/hostile:publish", body); code != http.StatusOK {
+	if code, msg := injPostJSON(t, "http://"+sc.HTTP+"/v1/projects/"+project+"/topics/hostile:publish", body); code != http.StatusOK {
 		t.Fatalf("HTTP publish of 4 MB (a %d-byte body): %d %s", len(body), code, msg)
 	}
 
@@ -527,7 +528,7 @@ func TestHostileMessageSizes(t *testing.T) {
 	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{
 		{Data: []byte("fine"), OrderingKey: "big"}, {Data: make([]byte, 8<<20-16<<10), Attributes: escaped, OrderingKey: "big"}}})
 	hostileAssertStatus(t, "data and headers over max_payload", err, codes.InvalidArgument, "messages[1]: invalid message: message of ")
-	req, err := http.NewRequest(http.MethodPost, "http://"+sc.at.HTTP+"/v1/projects/"+project+"/topics/hostile/events", bytes.NewReader(make([]byte, 8<<20-16<<10)))
+	req, err := http.NewRequest(http.MethodPost, "http://"+sc.HTTP+"/v1/projects/"+project+"/topics/hostile/events", bytes.NewReader(make([]byte, 8<<20-16<<10)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -568,10 +569,10 @@ func TestHostileMessageSizes(t *testing.T) {
 
 // hostileMetric polls /metrics until the series of name, summed over
 // their labels, come to want.
-func hostileMetric(t *testing.T, sc *sidecarProc, name string, want int) {
+func hostileMetric(t *testing.T, sc *itest.Sidecar, name string, want int) {
 	t.Helper()
 	testutil.Eventually(t, 15*time.Second, func() bool {
-		m, err := testutil.ScrapeErr("http://" + sc.at.HTTP + "/metrics")
+		m, err := testutil.ScrapeErr("http://" + sc.HTTP + "/metrics")
 		return err == nil && m.Sum(name) == float64(want)
 	}, "metric %s never %d", name, want)
 }
@@ -713,7 +714,7 @@ func hostileRawHTTP(t *testing.T, addr, req string) (int, string) {
 // and nothing is stored.
 func TestHostileHTTPTruncatedBodies(t *testing.T) {
 	sc, js, _, _ := hostileSetup(t, sidecar.Config{})
-	base := "http://" + sc.at.HTTP + "/v1/projects/" + project + "/topics/hostile"
+	base := "http://" + sc.HTTP + "/v1/projects/" + project + "/topics/hostile"
 	publish := `{"messages": [{"data": "eyJhbW91bnQiOjEyMH0=", "attributes": {"origin": "eu-west"}, "orderingKey": "order-7"}, {"data": "c2Vjb25k", "orderingKey": "order-7"}]}`
 	for n := range len(publish) {
 		code, msg := injPostJSON(t, base+":publish", publish[:n])
@@ -757,7 +758,7 @@ func TestHostileHTTPTruncatedBodies(t *testing.T) {
 		{"chunk size not hex", head(":publish", "application/json", "Transfer-Encoding: chunked\r\n") + "zz\r\n" + publish,
 			"reading the request body: "},
 	} {
-		code, msg := hostileRawHTTP(t, sc.at.HTTP, tc.req)
+		code, msg := hostileRawHTTP(t, sc.HTTP, tc.req)
 		if code != http.StatusBadRequest || !strings.Contains(msg, tc.msg) {
 			t.Errorf("%s: %d %q, want 400 %q", tc.name, code, msg, tc.msg)
 		}
@@ -774,7 +775,7 @@ func TestHostileHTTPTruncatedBodies(t *testing.T) {
 // less than 160 MiB.
 func TestHostileHTTPBounds(t *testing.T) {
 	sc, js, _, _ := hostileSetup(t, sidecar.Config{})
-	base := "http://" + sc.at.HTTP + "/v1/projects/" + project + "/topics/"
+	base := "http://" + sc.HTTP + "/v1/projects/" + project + "/topics/"
 	limit := httpapi.DefaultMaxBodyBytes
 	over := fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", limit+1, limit)
 	for _, tc := range []struct {
@@ -787,7 +788,7 @@ func TestHostileHTTPBounds(t *testing.T) {
 		{"event by Content-Length", fmt.Sprintf("POST /v1/projects/%s/topics/hostile/events HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nCe-Specversion: 1.0\r\nCe-Id: 1\r\nCe-Source: /s\r\nCe-Type: t\r\nContent-Length: %d\r\n\r\n", project, limit+1),
 			413, over},
 	} {
-		if code, msg := hostileRawHTTP(t, sc.at.HTTP, tc.req); code != tc.code || msg != tc.msg {
+		if code, msg := hostileRawHTTP(t, sc.HTTP, tc.req); code != tc.code || msg != tc.msg {
 			t.Errorf("%s: %d %q, want %d %q", tc.name, code, msg, tc.code, tc.msg)
 		}
 	}
@@ -845,7 +846,7 @@ func TestHostileHTTPBounds(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for range conns {
-		conn, err := net.Dial("tcp", sc.at.HTTP)
+		conn, err := net.Dial("tcp", sc.HTTP)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -508,11 +509,11 @@ func injStreamCount(t *testing.T, js jetstream.JetStream) int {
 
 // injSidecar starts a sidecar whose embedded server also listens for NATS
 // clients, so the test can look at what JetStream stored.
-func injSidecar(t *testing.T, cfg sidecar.Config) (*sidecarProc, jetstream.JetStream) {
+func injSidecar(t *testing.T, cfg sidecar.Config) (*itest.Sidecar, jetstream.JetStream) {
 	t.Helper()
 	cfg.NATSListen = "127.0.0.1:0"
-	sc := startSidecar(t, cfg)
-	nc, err := nats.Connect(sc.at.NATS)
+	sc := itest.Start(t, cfg)
+	nc, err := nats.Connect(sc.NATS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -531,7 +532,7 @@ func injSidecar(t *testing.T, cfg sidecar.Config) (*sidecarProc, jetstream.JetSt
 // escapes that encoding/json would have turned into U+FFFD, merging keys.
 func TestInjectionKeysSidecar(t *testing.T) {
 	sc, js := injSidecar(t, sidecar.Config{})
-	pubc, subc := sc.rawClient()
+	pubc, subc := sc.RawClients()
 	ctx := context.Background()
 	const topicID, per = "inj-keys", 4
 	if _, err := pubc.CreateTopic(ctx, &pb.Topic{Name: topicPath(topicID)}); err != nil {
@@ -550,7 +551,7 @@ func TestInjectionKeysSidecar(t *testing.T) {
 		!strings.Contains(err.Error(), keyrouter.ErrOrderingKeyTooLong.Error()) {
 		t.Fatalf("gRPC publish with a %d-byte key: %v", len(long), err)
 	}
-	publishURL := "http://" + sc.at.HTTP + "/v1/projects/" + project + "/topics/" + topicID + ":publish"
+	publishURL := "http://" + sc.HTTP + "/v1/projects/" + project + "/topics/" + topicID + ":publish"
 	for _, tc := range []struct{ body, want string }{
 		{`{"messages":[{"data":"eA==","orderingKey":"\ud800"}]}`, `invalid JSON at byte 43: \ud800 is half of a UTF-16 surrogate pair, not a character`},
 		{`{"messages":[{"data":"eA==","orderingKey":"a\udfff"}]}`, `invalid JSON at byte 44: \udfff is half of a UTF-16 surrogate pair, not a character`},
@@ -602,7 +603,7 @@ func TestInjectionKeysSidecar(t *testing.T) {
 // INVALID_ARGUMENT and create nothing.
 func TestInjectionNamesSidecar(t *testing.T) {
 	sc, js := injSidecar(t, sidecar.Config{})
-	pubc, subc := sc.rawClient()
+	pubc, subc := sc.RawClients()
 	ctx := context.Background()
 	streamsBefore := injStreamCount(t, js)
 

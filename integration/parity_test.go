@@ -20,6 +20,7 @@ import (
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
@@ -40,13 +41,13 @@ type backend struct {
 // forBackends runs f against a new sidecar and a new pstest server.
 func forBackends(t *testing.T, f func(t *testing.T, b backend)) {
 	t.Run("sidecar", func(t *testing.T) {
-		sc := startSidecar(t, sidecar.Config{})
-		f(t, backend{name: "sidecar", client: sc.goClient()})
+		sc := itest.Start(t, sidecar.Config{})
+		f(t, backend{name: "sidecar", client: sc.GoClient()})
 	})
 	t.Run("pstest", func(t *testing.T) {
 		srv := pstest.NewServer()
 		t.Cleanup(func() { _ = srv.Close() })
-		f(t, backend{name: "pstest", client: goClientAt(t, srv.Addr), fake: true})
+		f(t, backend{name: "pstest", client: itest.GoClient(t, srv.Addr), fake: true})
 	})
 }
 
@@ -422,8 +423,8 @@ func TestParityTenMegabytes(t *testing.T) {
 // A retry policy delays a nacked message's redelivery by its backoff, and
 // the key's next message waits for it.
 func TestSidecarRetryPolicyBackoff(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "top")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("sub"), Topic: topicPath("top"), EnableMessageOrdering: true,
 		RetryPolicy: &pb.RetryPolicy{MinimumBackoff: durationpb.New(2 * time.Second), MaximumBackoff: durationpb.New(10 * time.Second)}})
@@ -465,8 +466,8 @@ func TestSidecarRetryPolicyBackoff(t *testing.T) {
 // gRPC health answers SERVING once NATS is ready, and reflection lists
 // the Pub/Sub services.
 func TestSidecarHealthAndReflection(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	conn, err := grpc.NewClient(sc.at.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	sc := itest.Start(t, sidecar.Config{})
+	conn, err := grpc.NewClient(sc.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

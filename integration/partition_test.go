@@ -510,7 +510,7 @@ func pinnedClient(t *testing.T, js jetstream.JetStream, stream, consumer string)
 // or its --delivery default; bad labels are refused and create nothing.
 func TestSidecarDeliveryLabels(t *testing.T) {
 	sc, js := injSidecar(t, sidecar.Config{Delivery: adapter.DeliveryPerKey})
-	pubc, subc := sc.rawClient()
+	pubc, subc := sc.RawClients()
 	ctx := context.Background()
 	if _, err := pubc.CreateTopic(ctx, &pb.Topic{Name: topicPath("labelled")}); err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/jetorder/jetorder/didcomm"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/powercut"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -242,7 +243,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 
 	for round := 0; round <= cuts; round++ {
 		p := site.start(t)
-		c := goClientAt(t, p.grpc)
+		c := itest.GoClient(t, p.grpc)
 		ctx := context.Background()
 		subMissing := false
 		for _, id := range topics {

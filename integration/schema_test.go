@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 )
 
@@ -65,7 +66,7 @@ var schemaBackends = []schemaBackend{
 		return srv.Addr
 	}},
 	{name: "sidecar", sidecar: true, start: func(t *testing.T) string {
-		return startSidecar(t, sidecar.Config{}).at.GRPC
+		return itest.Start(t, sidecar.Config{}).GRPC
 	}},
 }
 
@@ -424,7 +425,7 @@ func TestSchemaConcurrentCommits(t *testing.T) {
 // the revision rules.
 func TestSchemaSidecarRules(t *testing.T) {
 	ctx := context.Background()
-	c, raw := schemaClients(t, startSidecar(t, sidecar.Config{}).at.GRPC)
+	c, raw := schemaClients(t, itest.Start(t, sidecar.Config{}).GRPC)
 	parent := "projects/" + project
 
 	for _, id := range []string{"ab", "1abc", "goog-schema", "has space", "has/slash", "has@at"} {
@@ -536,7 +537,7 @@ func startSchemaTopicEnv(t *testing.T, b schemaBackend) schemaTopicEnv {
 	t.Helper()
 	addr := b.start(t)
 	sc, _ := schemaClients(t, addr)
-	return schemaTopicEnv{sidecar: b.sidecar, schemas: sc, c: goClientAt(t, addr)}
+	return schemaTopicEnv{sidecar: b.sidecar, schemas: sc, c: itest.GoClient(t, addr)}
 }
 
 func (e schemaTopicEnv) getTopic(t *testing.T, id string) *pb.Topic {

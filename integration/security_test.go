@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/jetorder/jetorder/internal/embedded"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
@@ -103,8 +104,8 @@ func TestSecurityNATSCredentials(t *testing.T) {
 			srv := secServer(t, tc.configure)
 			good := tc.good
 			good.NATSURL = srv.ClientURL()
-			sc := startSidecar(t, good)
-			secRoundTrip(t, sc.goClient(), tc.name)
+			sc := itest.Start(t, good)
+			secRoundTrip(t, sc.GoClient(), tc.name)
 
 			for _, bad := range tc.bad {
 				err := secRunFails(t, bad.cfg(srv.ClientURL()))
@@ -162,8 +163,8 @@ func TestSecurityNATSTLS(t *testing.T) {
 			// The server requires TLS, so a nats:// URL upgrades to it too.
 			good := tc.good
 			good.NATSURL = strings.Replace(srv.ClientURL(), "tls://", "nats://", 1)
-			sc := startSidecar(t, good)
-			secRoundTrip(t, sc.goClient(), "tls")
+			sc := itest.Start(t, good)
+			secRoundTrip(t, sc.GoClient(), "tls")
 
 			for name, cfg := range tc.bad {
 				cfg.NATSURL = srv.ClientURL()
@@ -180,9 +181,9 @@ func TestSecurityNATSTLS(t *testing.T) {
 // plaintext clients and clients that do not trust the CA get nowhere.
 func TestSecurityAPITLS(t *testing.T) {
 	certs := testutil.NewCerts(t)
-	sc := startSidecar(t, sidecar.Config{TLSCert: certs.ServerCert, TLSKey: certs.ServerKey})
+	sc := itest.Start(t, sidecar.Config{TLSCert: certs.ServerCert, TLSKey: certs.ServerKey})
 
-	conn, err := grpc.NewClient(sc.at.GRPC, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: certs.Pool})))
+	conn, err := grpc.NewClient(sc.GRPC, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: certs.Pool})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func TestSecurityAPITLS(t *testing.T) {
 	secRoundTrip(t, c, "api-tls")
 
 	https := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: certs.Pool}}}
-	if code, body, err := secGet(https, "https://"+sc.at.HTTP+"/healthz"); err != nil || code != http.StatusOK {
+	if code, body, err := secGet(https, "https://"+sc.HTTP+"/healthz"); err != nil || code != http.StatusOK {
 		t.Errorf("GET /healthz over HTTPS = %d %q, %v; want 200", code, body, err)
 	}
 
@@ -206,7 +207,7 @@ func TestSecurityAPITLS(t *testing.T) {
 		"plaintext": insecure.NewCredentials(),
 		"untrusted": credentials.NewTLS(&tls.Config{RootCAs: testutil.NewCerts(t).Pool}),
 	} {
-		bad, err := grpc.NewClient(sc.at.GRPC, grpc.WithTransportCredentials(creds))
+		bad, err := grpc.NewClient(sc.GRPC, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -217,11 +218,11 @@ func TestSecurityAPITLS(t *testing.T) {
 		}
 	}
 	plain := &http.Client{Timeout: 10 * time.Second}
-	if code, body, err := secGet(plain, "http://"+sc.at.HTTP+"/healthz"); err == nil && code == http.StatusOK {
+	if code, body, err := secGet(plain, "http://"+sc.HTTP+"/healthz"); err == nil && code == http.StatusOK {
 		t.Errorf("GET /healthz over plain HTTP = %d %q; want a refusal", code, body)
 	}
 	untrusting := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: testutil.NewCerts(t).Pool}}}
-	if _, _, err := secGet(untrusting, "https://"+sc.at.HTTP+"/healthz"); err == nil {
+	if _, _, err := secGet(untrusting, "https://"+sc.HTTP+"/healthz"); err == nil {
 		t.Error("GET /healthz trusting another CA succeeded")
 	}
 }
