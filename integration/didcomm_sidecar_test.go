@@ -4,11 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"maps"
-	"net"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -177,32 +173,17 @@ func TestSidecarDIDCommAuction(t *testing.T) {
 		t.Fatalf("plain message got DIDComm attributes: %+v", got)
 	}
 
-	metrics := scrape(t, sc.HTTP)
-	label := `{subscription="` + subPath("auctioneer") + `"}`
-	for _, want := range []string{
-		"jetorder_didcomm_gaps_opened_total" + label + " 2\n",
-		"jetorder_didcomm_gaps_filled_total" + label + " 2\n",
-		"jetorder_didcomm_copies_dropped_total" + label + " 1\n",
-		"jetorder_didcomm_open_gaps" + label + " 0\n",
+	metrics := sc.Metrics()
+	for name, want := range map[string]float64{
+		"jetorder_didcomm_gaps_opened_total":    2,
+		"jetorder_didcomm_gaps_filled_total":    2,
+		"jetorder_didcomm_copies_dropped_total": 1,
+		"jetorder_didcomm_open_gaps":            0,
 	} {
-		if !strings.Contains(metrics, want) {
-			t.Errorf("metrics lack %q:\n%s", want, metrics)
+		if got, ok := metrics.Value(name, "subscription", subPath("auctioneer")); !ok || got != want {
+			t.Errorf("%s{subscription=%q} = %v (found: %v), want %v", name, subPath("auctioneer"), got, ok, want)
 		}
 	}
-}
-
-func scrape(t *testing.T, httpAddr string) string {
-	t.Helper()
-	resp, err := http.Get("http://" + httpAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 // Switching tracking on for a subscription with a backlog delivers the
@@ -274,17 +255,6 @@ func TestSidecarDIDCommTrackingSwitchedOn(t *testing.T) {
 	}
 }
 
-// freePort returns a TCP port free on loopback now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // One subscription read through the sidecar and through the library
 // (didcomm.Receive, over the sidecar's NATS port): both see the same gaps
 // and drop the same copies, and the tracker's state survives a SIGKILL of
@@ -292,7 +262,7 @@ func freePort(t *testing.T) int {
 func TestSidecarDIDCommSharedWithLibraryAcrossSIGKILL(t *testing.T) {
 	bin := killBuildSidecar(t)
 	dir := t.TempDir()
-	natsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	natsAddr := itest.FreeAddr(t)
 	a := killStart(t, bin, dir, "127.0.0.1:0", "127.0.0.1:0", "--nats-listen", natsAddr)
 	c := itest.GoClient(t, a.grpc)
 	mustCreateTopic(t, c, "shared")

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -60,7 +59,7 @@ func chaosKills(t *testing.T, pipelined bool) {
 	}
 	killNATS := os.Getenv("JETORDER_CHAOS_NATS") != "0"
 	bin := killBuildSidecar(t)
-	natsAddr := freeAddr(t)
+	natsAddr := itest.FreeAddr(t)
 	natsDir, sidecarDir := t.TempDir(), t.TempDir()
 	startNATS := func(grpcAddr, httpAddr string) *killProc {
 		// Process A only hosts NATS; --sync lazy keeps its server as these
@@ -347,18 +346,6 @@ func chaosEnv(name string, def int) int {
 		return v
 	}
 	return def
-}
-
-// freeAddr is a loopback address with a port free now, for a server that
-// must come back on the same port after a kill.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func deliveryName() string {

@@ -23,7 +23,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -54,40 +53,16 @@ func (hostileRawCodec) Unmarshal(data []byte, v any) error {
 }
 func (hostileRawCodec) Name() string { return "proto" }
 
-// hostileConn is a gRPC connection to the sidecar that accepts responses of
-// up to 32 MiB.
-func hostileConn(t *testing.T, sc *itest.Sidecar) *grpc.ClientConn {
-	t.Helper()
-	conn, err := grpc.NewClient(sc.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(32<<20)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
-}
+// largeResponses lets a gRPC connection accept responses of up to 32 MiB.
+var largeResponses = grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(32 << 20))
 
-// hostileSetup starts a sidecar with topic "hostile" and an ordered
-// subscription "hostile-sub" of it.
-func hostileSetup(t *testing.T, cfg sidecar.Config) (*itest.Sidecar, jetstream.JetStream, pb.PublisherClient, pb.SubscriberClient) {
-	t.Helper()
-	sc, js := injSidecar(t, cfg)
-	pubc, subc := hostileClients(t, sc)
-	return sc, js, pubc, subc
-}
-
-// hostileSetupOn is hostileSetup on the NATS server cfg names.
-func hostileSetupOn(t *testing.T, cfg sidecar.Config) (*itest.Sidecar, pb.PublisherClient, pb.SubscriberClient) {
+// startHostile starts a sidecar with topic "hostile" and an ordered
+// subscription "hostile-sub" of it, and clients of it that accept large
+// responses.
+func startHostile(t *testing.T, cfg sidecar.Config) (*itest.Sidecar, pb.PublisherClient, pb.SubscriberClient) {
 	t.Helper()
 	sc := itest.Start(t, cfg)
-	pubc, subc := hostileClients(t, sc)
-	return sc, pubc, subc
-}
-
-func hostileClients(t *testing.T, sc *itest.Sidecar) (pb.PublisherClient, pb.SubscriberClient) {
-	t.Helper()
-	conn := hostileConn(t, sc)
-	pubc, subc := pb.NewPublisherClient(conn), pb.NewSubscriberClient(conn)
+	pubc, subc := sc.RawClients(largeResponses)
 	if _, err := pubc.CreateTopic(context.Background(), &pb.Topic{Name: topicPath("hostile")}); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +70,7 @@ func hostileClients(t *testing.T, sc *itest.Sidecar) (pb.PublisherClient, pb.Sub
 		EnableMessageOrdering: true, AckDeadlineSeconds: 60}); err != nil {
 		t.Fatal(err)
 	}
-	return pubc, subc
+	return sc, pubc, subc
 }
 
 // hostileAssertStatus fails unless err has code and its message contains
@@ -124,8 +99,9 @@ func hostileTopicCount(t *testing.T, pubc pb.PublisherClient) int {
 // is a request missing its topic, messages or ack ids, refused with
 // INVALID_ARGUMENT. Nothing is stored or created.
 func TestHostileGRPCGarbageBytes(t *testing.T) {
-	sc, js, pubc, subc := hostileSetup(t, sidecar.Config{})
-	conn := hostileConn(t, sc)
+	sc, pubc, subc := startHostile(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
+	conn := sc.Conn(largeResponses)
 	ctx := context.Background()
 	topicsBefore := hostileTopicCount(t, pubc)
 
@@ -286,7 +262,8 @@ func hostilePrefixed(flag byte, length int, body []byte) []byte {
 // encoding, an unknown flag. Each gets the status grpc-go gives, and
 // nothing is stored; the same request framed right is published.
 func TestHostileGRPCTruncatedFrames(t *testing.T) {
-	sc, js, _, _ := hostileSetup(t, sidecar.Config{})
+	sc, _, _ := startHostile(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
 	publish, err := proto.Marshal(&pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: []byte("payload"), OrderingKey: "k"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -321,7 +298,8 @@ func TestHostileGRPCTruncatedFrames(t *testing.T) {
 // names, keys, sizes, counts, deadlines and ack ids. Each gets its status
 // and message; none stores or creates anything.
 func TestHostileGRPCRequests(t *testing.T) {
-	_, js, pubc, subc := hostileSetup(t, sidecar.Config{})
+	sc, pubc, subc := startHostile(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
 	ctx := context.Background()
 	topicsBefore := hostileTopicCount(t, pubc)
 	msg := func(data string) *pb.PubsubMessage { return &pb.PubsubMessage{Data: []byte(data)} }
@@ -492,7 +470,7 @@ func TestHostileMessageSizes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	sc, pubc, subc := hostileSetupOn(t, sidecar.Config{NATSURL: srv.ClientURL()})
+	sc, pubc, subc := startHostile(t, sidecar.Config{NATSURL: srv.ClientURL()})
 	js, err := jetstream.New(testutil.Connect(t, srv.ClientURL()))
 	if err != nil {
 		t.Fatal(err)
@@ -585,7 +563,7 @@ func hostileMetric(t *testing.T, sc *itest.Sidecar, name string, want int) {
 // --max-outstanding-messages bounds what one subscription makes the
 // sidecar hold, whatever the client asks for.
 func TestHostileStreamingPullBounds(t *testing.T) {
-	sc, _, pubc, subc := hostileSetup(t, sidecar.Config{MaxStreams: 2, MaxOutstandingMessages: 4})
+	sc, pubc, subc := startHostile(t, sidecar.Config{MaxStreams: 2, MaxOutstandingMessages: 4})
 	ctx := context.Background()
 
 	// Two streams that never send anything fill the limit.
@@ -713,7 +691,8 @@ func hostileRawHTTP(t *testing.T, addr, req string) (int, string) {
 // bodies cut off or malformed. Each is answered 400 with what is wrong,
 // and nothing is stored.
 func TestHostileHTTPTruncatedBodies(t *testing.T) {
-	sc, js, _, _ := hostileSetup(t, sidecar.Config{})
+	sc, _, _ := startHostile(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
 	base := "http://" + sc.HTTP + "/v1/projects/" + project + "/topics/hostile"
 	publish := `{"messages": [{"data": "eyJhbW91bnQiOjEyMH0=", "attributes": {"origin": "eu-west"}, "orderingKey": "order-7"}, {"data": "c2Vjb25k", "orderingKey": "order-7"}]}`
 	for n := range len(publish) {
@@ -774,7 +753,8 @@ func TestHostileHTTPTruncatedBodies(t *testing.T) {
 // declare 10 MiB, with the handlers already reading, grow its heap by far
 // less than 160 MiB.
 func TestHostileHTTPBounds(t *testing.T) {
-	sc, js, _, _ := hostileSetup(t, sidecar.Config{})
+	sc, _, _ := startHostile(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
 	base := "http://" + sc.HTTP + "/v1/projects/" + project + "/topics/"
 	limit := httpapi.DefaultMaxBodyBytes
 	over := fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", limit+1, limit)

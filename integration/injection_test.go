@@ -15,7 +15,6 @@ import (
 	"unicode/utf16"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -507,31 +506,14 @@ func injStreamCount(t *testing.T, js jetstream.JetStream) int {
 	return n
 }
 
-// injSidecar starts a sidecar whose embedded server also listens for NATS
-// clients, so the test can look at what JetStream stored.
-func injSidecar(t *testing.T, cfg sidecar.Config) (*itest.Sidecar, jetstream.JetStream) {
-	t.Helper()
-	cfg.NATSListen = "127.0.0.1:0"
-	sc := itest.Start(t, cfg)
-	nc, err := nats.Connect(sc.NATS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sc, js
-}
-
 // The sidecar: every key of injKeys reaches an ordered and an unordered
 // subscription exactly once, in order, through StreamingPull, published in
 // rounds alternately through the gRPC and the HTTP API (so both map a key
 // to the same subject). Keys the APIs refuse store nothing, including JSON
 // escapes that encoding/json would have turned into U+FFFD, merging keys.
 func TestInjectionKeysSidecar(t *testing.T) {
-	sc, js := injSidecar(t, sidecar.Config{})
+	sc := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
 	pubc, subc := sc.RawClients()
 	ctx := context.Background()
 	const topicID, per = "inj-keys", 4
@@ -602,7 +584,8 @@ func TestInjectionKeysSidecar(t *testing.T) {
 // exactly its topic's messages in order; invalid names are refused with
 // INVALID_ARGUMENT and create nothing.
 func TestInjectionNamesSidecar(t *testing.T) {
-	sc, js := injSidecar(t, sidecar.Config{})
+	sc := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
 	pubc, subc := sc.RawClients()
 	ctx := context.Background()
 	streamsBefore := injStreamCount(t, js)

@@ -13,9 +13,7 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -467,15 +465,12 @@ func TestSidecarRetryPolicyBackoff(t *testing.T) {
 // the Pub/Sub services.
 func TestSidecarHealthAndReflection(t *testing.T) {
 	sc := itest.Start(t, sidecar.Config{})
-	conn, err := grpc.NewClient(sc.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := sc.Conn()
 	ctx := context.Background()
 	hc := healthpb.NewHealthClient(conn)
 	for _, svc := range []string{"", "google.pubsub.v1.Publisher", "google.pubsub.v1.Subscriber"} {
 		var resp *healthpb.HealthCheckResponse
+		var err error
 		testutil.Eventually(t, 10*time.Second, func() bool {
 			resp, err = hc.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
 			return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/powercut"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
@@ -64,9 +65,9 @@ func newPowerCutCluster(t *testing.T, syncAlways bool) *powerCutCluster {
 	routes := make([]string, n)
 	clusterAddrs := make([]string, n)
 	for i := range n {
-		clusterAddrs[i] = freeAddr(t)
+		clusterAddrs[i] = itest.FreeAddr(t)
 		routes[i] = fmt.Sprintf("%q", "nats-route://"+clusterAddrs[i])
-		c.clientURLs = append(c.clientURLs, "nats://"+freeAddr(t))
+		c.clientURLs = append(c.clientURLs, "nats://"+itest.FreeAddr(t))
 	}
 	sync := ""
 	if syncAlways {

@@ -304,15 +304,9 @@ func assertInOrder(t *testing.T, chk *ordercheck.Checker) {
 
 // pushFailures reads the sidecar's jetorder_push_failures_total of a
 // subscription.
-func pushFailures(t *testing.T, httpAddr, sub string) int {
-	prefix := `jetorder_push_failures_total{subscription="` + subPath(sub) + `"} `
-	for line := range strings.SplitSeq(scrape(t, httpAddr), "\n") {
-		if v, ok := strings.CutPrefix(line, prefix); ok {
-			n, _ := strconv.ParseFloat(v, 64)
-			return int(n)
-		}
-	}
-	return 0
+func pushFailures(sc *itest.Sidecar, sub string) int {
+	n, _ := sc.Metrics().Value("jetorder_push_failures_total", "subscription", subPath(sub))
+	return int(n)
 }
 
 func pushTo(url string) *pb.PushConfig { return &pb.PushConfig{PushEndpoint: url} }
@@ -462,14 +456,14 @@ func TestPushDeadEndpointLosesNothing(t *testing.T) {
 	sc := itest.Start(t, sidecar.Config{})
 	c := sc.GoClient()
 	ctx := context.Background()
-	dead := fmt.Sprintf("http://127.0.0.1:%d/push", freePort(t))
+	dead := "http://" + itest.FreeAddr(t) + "/push"
 	mustCreateTopic(t, c, "dead-end")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("dead-end-sub"), Topic: topicPath("dead-end"), EnableMessageOrdering: true,
 		PushConfig: pushTo(dead)})
 	pub := orderedPublisher(t, c, "dead-end")
 	itest.PublishChecked(t, pub, chk, append(orderingKeys(5), ""), 0, 10)
-	testutil.Eventually(t, 10*time.Second, func() bool { return pushFailures(t, sc.HTTP, "dead-end-sub") >= 10 },
-		"the sidecar has not tried the dead endpoint: %d push failures", func() int { return pushFailures(t, sc.HTTP, "dead-end-sub") })
+	testutil.Eventually(t, 10*time.Second, func() bool { return pushFailures(sc, "dead-end-sub") >= 10 },
+		"the sidecar has not tried the dead endpoint: %d push failures", func() int { return pushFailures(sc, "dead-end-sub") })
 
 	if err := c.SubscriptionAdminClient.ModifyPushConfig(ctx, &pb.ModifyPushConfigRequest{
 		Subscription: subPath("dead-end-sub"), PushConfig: pushTo(live.url)}); err != nil {

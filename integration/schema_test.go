@@ -17,10 +17,7 @@ import (
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/linkedin/goavro/v2"
 	"google.golang.org/api/iterator"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -74,21 +71,12 @@ var schemaBackends = []schemaBackend{
 // (for page tokens, which the admin client's iterators hide) of addr.
 func schemaClients(t *testing.T, addr string) (*vkit.SchemaClient, pb.SchemaServiceClient) {
 	t.Helper()
-	sc, err := vkit.NewSchemaClient(context.Background(),
-		option.WithEndpoint(addr),
-		option.WithoutAuthentication(),
-		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
-		option.WithTelemetryDisabled())
+	sc, err := vkit.NewSchemaClient(context.Background(), itest.ClientOptions(addr)...)
 	if err != nil {
 		t.Fatalf("NewSchemaClient: %v", err)
 	}
 	t.Cleanup(func() { _ = sc.Close() })
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return sc, pb.NewSchemaServiceClient(conn)
+	return sc, pb.NewSchemaServiceClient(itest.Dial(t, addr))
 }
 
 func schemaPath(id string) string { return "projects/" + project + "/schemas/" + id }

@@ -22,7 +22,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
-	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -181,18 +180,8 @@ func TestSecurityNATSTLS(t *testing.T) {
 // plaintext clients and clients that do not trust the CA get nowhere.
 func TestSecurityAPITLS(t *testing.T) {
 	certs := testutil.NewCerts(t)
-	sc := itest.Start(t, sidecar.Config{TLSCert: certs.ServerCert, TLSKey: certs.ServerKey})
-
-	conn, err := grpc.NewClient(sc.GRPC, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: certs.Pool})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	c, err := pubsub.NewClient(context.Background(), project, option.WithGRPCConn(conn), option.WithTelemetryDisabled())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	sc := itest.Start(t, sidecar.Config{}, itest.TLS(certs))
+	c := sc.GoClient()
 	secRoundTrip(t, c, "api-tls")
 
 	https := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: certs.Pool}}}
@@ -207,11 +196,8 @@ func TestSecurityAPITLS(t *testing.T) {
 		"plaintext": insecure.NewCredentials(),
 		"untrusted": credentials.NewTLS(&tls.Config{RootCAs: testutil.NewCerts(t).Pool}),
 	} {
-		bad, err := grpc.NewClient(sc.GRPC, grpc.WithTransportCredentials(creds))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = pb.NewPublisherClient(bad).GetTopic(ctx, &pb.GetTopicRequest{Topic: topicPath("api-tls")})
+		bad := itest.Dial(t, sc.GRPC, grpc.WithTransportCredentials(creds))
+		_, err := pb.NewPublisherClient(bad).GetTopic(ctx, &pb.GetTopicRequest{Topic: topicPath("api-tls")})
 		_ = bad.Close()
 		if err == nil {
 			t.Errorf("gRPC %s: GetTopic succeeded", name)
@@ -246,7 +232,7 @@ func TestSecurityExposureWarnings(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs secLogs
-			secStart(t, tc.cfg, slog.New(&logs))
+			itest.Start(t, tc.cfg, itest.Logger(slog.New(&logs)))
 			got := logs.warnings()
 			if len(got) != len(tc.want) {
 				t.Fatalf("warnings %q, want ones naming %q", got, tc.want)
@@ -309,72 +295,21 @@ func secRoundTrip(t *testing.T, c *pubsub.Client, id string) {
 }
 
 // secRunFails runs the sidecar with cfg, expecting it not to start, and
-// returns Run's error. Run must end within 10s: long before the 30s the
-// sidecar waits for a JetStream that is still starting.
+// returns the error it ended with. It must end within 10s: long before the
+// 30s the sidecar waits for a JetStream that is still starting.
 func secRunFails(t *testing.T, cfg sidecar.Config) error {
 	t.Helper()
-	cfg.GRPCAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	started := make(chan struct{}, 1)
-	done := make(chan error, 1)
-	go func() { done <- sidecar.Run(ctx, cfg, nil, func(sidecar.Listening) { started <- struct{}{} }) }()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Error("Run returned no error")
-		}
-		return err
-	case <-started:
+	sc, err := itest.StartErr(t, cfg, itest.ReadyTimeout(10*time.Second))
+	switch {
+	case sc != nil:
 		t.Error("the sidecar started")
-	case <-time.After(10 * time.Second):
-		t.Error("Run did not end within 10s")
+		sc.Stop()
+	case errors.Is(err, itest.ErrNotReady):
+		t.Errorf("Run did not end within 10s: %v", err)
+	case errors.Is(err, itest.ErrEnded):
+		t.Error("Run returned no error")
 	}
-	cancel()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not end within 30s of cancel")
-		return nil
-	}
-}
-
-// secStart runs the sidecar with cfg and log until the test ends.
-func secStart(t *testing.T, cfg sidecar.Config, log *slog.Logger) sidecar.Listening {
-	t.Helper()
-	if cfg.GRPCAddr == "" {
-		cfg.GRPCAddr = "127.0.0.1:0"
-	}
-	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = "127.0.0.1:0"
-	}
-	cfg.DataDir = t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan sidecar.Listening, 1)
-	done := make(chan error, 1)
-	go func() { done <- sidecar.Run(ctx, cfg, log, func(l sidecar.Listening) { ready <- l }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("sidecar: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("sidecar did not stop within 30s")
-		}
-	})
-	select {
-	case at := <-ready:
-		return at
-	case err := <-done:
-		done <- err // for the cleanup
-		t.Fatalf("sidecar ended before it was ready: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("sidecar not ready within 30s")
-	}
-	return sidecar.Listening{}
+	return err
 }
 
 func secGet(c *http.Client, url string) (int, string, error) {

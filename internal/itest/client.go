@@ -25,16 +25,23 @@ import (
 // the plaintext.
 func GoClient(t testing.TB, addr string, opts ...option.ClientOption) *pubsub.Client {
 	t.Helper()
-	c, err := pubsub.NewClient(context.Background(), Project, append([]option.ClientOption{
-		option.WithEndpoint(addr),
-		option.WithoutAuthentication(),
-		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
-		option.WithTelemetryDisabled()}, opts...)...)
+	c, err := pubsub.NewClient(context.Background(), Project, append(ClientOptions(addr), opts...)...)
 	if err != nil {
 		t.Fatalf("pubsub.NewClient: %v", err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// ClientOptions are GoClient's options for addr, for Google's other
+// clients (such as the schema admin client).
+func ClientOptions(addr string) []option.ClientOption {
+	return []option.ClientOption{
+		option.WithEndpoint(addr),
+		option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
+		option.WithTelemetryDisabled(),
+	}
 }
 
 // Patient are GoClient options for a sidecar that restarts: the client
