@@ -260,11 +260,9 @@ func TestSidecarDIDCommTrackingSwitchedOn(t *testing.T) {
 // and drop the same copies, and the tracker's state survives a SIGKILL of
 // the sidecar and its restart on its data dir.
 func TestSidecarDIDCommSharedWithLibraryAcrossSIGKILL(t *testing.T) {
-	bin := killBuildSidecar(t)
-	dir := t.TempDir()
 	natsAddr := itest.FreeAddr(t)
-	a := killStart(t, bin, dir, "127.0.0.1:0", "127.0.0.1:0", "--nats-listen", natsAddr)
-	c := itest.GoClient(t, a.grpc)
+	a := itest.Start(t, sidecar.Config{NATSListen: natsAddr}, itest.Binary(itest.BuildSidecar(t)))
+	c := a.GoClient()
 	mustCreateTopic(t, c, "shared")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("shared-sub"), Topic: topicPath("shared"), EnableMessageOrdering: true,
 		Labels: map[string]string{"jetorder-didcomm": "track"}})
@@ -292,8 +290,8 @@ func TestSidecarDIDCommSharedWithLibraryAcrossSIGKILL(t *testing.T) {
 	stop()
 
 	// The sidecar dies and comes back on its data dir.
-	a.kill()
-	a = killStart(t, bin, dir, a.grpc, a.http, "--nats-listen", natsAddr)
+	a.Kill()
+	a = a.Restart()
 
 	// Through the library: Alice resends 2, 3 and 4 (a copy), then sends 5.
 	nc, err := nats.Connect("nats://"+natsAddr, nats.ReconnectBufSize(-1))
@@ -306,7 +304,7 @@ func TestSidecarDIDCommSharedWithLibraryAcrossSIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lib.Close()
-	c = itest.GoClient(t, a.grpc)
+	c = a.GoClient()
 	alice4again, alice5 := bid(t, "auction-2", "did:ex:alice", 4, 2), bid(t, "auction-2", "did:ex:alice", 5, 0)
 	publishBids(c, bid(t, "auction-2", "did:ex:alice", 2, 2), bid(t, "auction-2", "did:ex:alice", 3, 2), alice4again, alice5)
 	var viaLibrary handoverLog
@@ -351,5 +349,5 @@ func TestSidecarDIDCommSharedWithLibraryAcrossSIGKILL(t *testing.T) {
 	if got, _ := viaSidecar.find(alice6); got.receivedOrders != `[{"id":"did:ex:bob","last":2,"gaps":[]},{"id":"did:ex:alice","last":6,"gaps":[]}]` {
 		t.Fatalf("alice's 6: %+v", got)
 	}
-	a.terminate()
+	a.Stop()
 }

@@ -540,8 +540,6 @@ func TestPushFailingEndpointDeadLetters(t *testing.T) {
 // acked before, if the kill lost that ack).
 func TestPushSurvivesSIGKILL(t *testing.T) {
 	const keys, perKey, unkeyed, acksBeforeKill = 10, 100, 50, 300
-	bin := killBuildSidecar(t)
-	dir := t.TempDir()
 	chk := ordercheck.New()
 	var requests atomic.Int64
 	var restarted atomic.Bool
@@ -553,8 +551,8 @@ func TestPushSurvivesSIGKILL(t *testing.T) {
 			<-ctx.Done() // held until the sidecar is gone
 			return http.StatusServiceUnavailable
 		}})
-	a := killStart(t, bin, dir, "127.0.0.1:0", "127.0.0.1:0", "--push-allow", "loopback")
-	c := itest.GoClient(t, a.grpc)
+	a := itest.Start(t, sidecar.Config{PushAllow: "loopback"}, itest.Binary(itest.BuildSidecar(t)))
+	c := a.GoClient()
 	mustCreateTopic(t, c, "killed-push")
 	// A message in flight at the kill comes back once its ack deadline has
 	// passed: a short one keeps the test quick.
@@ -569,13 +567,13 @@ func TestPushSurvivesSIGKILL(t *testing.T) {
 
 	chk.AcksMayBeLost()
 	killedAt := time.Now()
-	a.kill()
+	a.Kill()
 	// The held requests end with the dead process's connections; only
 	// then may the restarted sidecar push their keys again.
 	open := func() int { _, all := e.inFlightNow(); return all }
 	testutil.Eventually(t, 10*time.Second, func() bool { return open() == 0 }, "%d requests still open after the kill", open)
 	restarted.Store(true)
-	b := killStart(t, bin, dir, a.grpc, a.http, "--push-allow", "loopback")
+	b := a.Restart()
 	itest.PublishChecked(t, pub, chk, orderingKeys(keys), perKey, perKey+10)
 	waitComplete(t, chk, "killed-push-sub", 60*time.Second)
 	assertInOrder(t, chk)
@@ -585,7 +583,7 @@ func TestPushSurvivesSIGKILL(t *testing.T) {
 	st := chk.Stats("killed-push-sub")
 	t.Logf("killed after %d acks; all %d messages acked %v after the kill; %d requests, %d redeliveries, %d keys went back to a message acked before",
 		acksBeforeKill, keys*(perKey+10)+unkeyed, time.Since(killedAt).Round(time.Millisecond), st.Deliveries, st.Redeliveries, st.Rewinds)
-	b.terminate()
+	b.Stop()
 }
 
 // Endpoints --push-allow does not allow, and push configs the sidecar
