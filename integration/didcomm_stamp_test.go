@@ -266,7 +266,7 @@ func httpPublish(t *testing.T, sc *itest.Sidecar, topic string, msgs ...httpPubl
 	if err != nil {
 		t.Fatal(err)
 	}
-	return injPostJSON(t, "http://"+sc.HTTP+"/v1/projects/"+project+"/topics/"+topic+":publish", string(body))
+	return postJSON(t, "http://"+sc.HTTP+"/v1/projects/"+project+"/topics/"+topic+":publish", string(body))
 }
 
 // Refusals through gRPC and HTTP: INVALID_ARGUMENT / 400 naming the
