@@ -168,14 +168,7 @@ func (r *rawStream) quiet(d time.Duration, why string) {
 // per key; an ack lets that key's next one come, a nack brings the same
 // message again, and unkeyed messages are not held back.
 func TestSidecarHoldsEachKeyUntilAck(t *testing.T) {
-	sc := itest.Start(t, sidecar.Config{})
-	c := sc.GoClient()
-	mustCreateTopic(t, c, "held")
-	mustCreateTopic(t, c, "held-dead")
-	// A dead-letter policy, so that deliveries carry their attempt.
-	mustCreateSub(t, c, &pb.Subscription{Name: subPath("held-sub"), Topic: topicPath("held"), EnableMessageOrdering: true, AckDeadlineSeconds: 60,
-		DeadLetterPolicy: &pb.DeadLetterPolicy{DeadLetterTopic: topicPath("held-dead"), MaxDeliveryAttempts: 100}})
-	pubc, subc := sc.RawClients()
+	pubc, subc := startCountingAttempts(t, "held", 60)
 	var msgs []*pb.PubsubMessage
 	for i := range 3 {
 		msgs = append(msgs, &pb.PubsubMessage{Data: []byte(fmt.Sprintf("a%d", i)), OrderingKey: "a"},
@@ -227,14 +220,7 @@ func TestSidecarHoldsEachKeyUntilAck(t *testing.T) {
 // again before the next of its key; ModifyAckDeadline extends a lease past
 // the subscription's ack deadline (JetStream's AckWait).
 func TestSidecarLeaseExpiryAndExtension(t *testing.T) {
-	sc := itest.Start(t, sidecar.Config{})
-	c := sc.GoClient()
-	mustCreateTopic(t, c, "leases")
-	mustCreateTopic(t, c, "leases-dead")
-	// A dead-letter policy, so that deliveries carry their attempt.
-	mustCreateSub(t, c, &pb.Subscription{Name: subPath("leases-sub"), Topic: topicPath("leases"), EnableMessageOrdering: true, AckDeadlineSeconds: 1,
-		DeadLetterPolicy: &pb.DeadLetterPolicy{DeadLetterTopic: topicPath("leases-dead"), MaxDeliveryAttempts: 100}})
-	pubc, subc := sc.RawClients()
+	pubc, subc := startCountingAttempts(t, "leases", 1)
 	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("leases"), Messages: []*pb.PubsubMessage{
 		{Data: []byte("m0"), OrderingKey: "k"}, {Data: []byte("m1"), OrderingKey: "k"}}}); err != nil {
 		t.Fatal(err)
@@ -702,4 +688,19 @@ func TestSidecarDeadLetterAndMetrics(t *testing.T) {
 	if _, ok := m.Value("jetorder_live_consumers"); !ok {
 		t.Error("no jetorder_live_consumers")
 	}
+}
+
+// startCountingAttempts starts a sidecar with topic id and an ordered
+// subscription id+"-sub" of it with the given ack deadline and a
+// dead-letter policy (to id+"-dead"), so that deliveries carry their
+// attempt, and returns raw clients of it.
+func startCountingAttempts(t *testing.T, id string, ackDeadlineSeconds int32) (pb.PublisherClient, pb.SubscriberClient) {
+	t.Helper()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
+	mustCreateTopic(t, c, id)
+	mustCreateTopic(t, c, id+"-dead")
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath(id + "-sub"), Topic: topicPath(id), EnableMessageOrdering: true, AckDeadlineSeconds: ackDeadlineSeconds,
+		DeadLetterPolicy: &pb.DeadLetterPolicy{DeadLetterTopic: topicPath(id + "-dead"), MaxDeliveryAttempts: 100}})
+	return sc.RawClients()
 }
