@@ -3,8 +3,6 @@ package integration
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -27,13 +25,8 @@ type env struct {
 	client *adapter.Client
 }
 
-// JETORDER_TEST_LOG=1 sends the adapter's debug log to stderr.
-func testLogger() []adapter.Option {
-	if os.Getenv("JETORDER_TEST_LOG") == "" {
-		return nil
-	}
-	return []adapter.Option{adapter.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))}
-}
+// testLogger gives the adapter the tests' logger, itest.Log.
+func testLogger() []adapter.Option { return []adapter.Option{adapter.WithLogger(itest.Log())} }
 
 func newEnv(t *testing.T, opts ...adapter.Option) *env {
 	t.Helper()

@@ -3,6 +3,7 @@ package itest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,8 +94,11 @@ func TestBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the sidecar")
 	}
-	s := Start(t, sidecar.Config{}, Binary(BuildSidecar(t)), Flags("--log-level", "debug"))
+	s := Start(t, sidecar.Config{}, Binary(BuildSidecar(t)), Flags("--log-format", "json"), Env("JETORDER_LOG_LEVEL=debug"))
 	roundTrip(t, s.GoClient(Patient()...), "binary")
+	if log := s.Log(); !strings.Contains(log, `"level":"DEBUG"`) {
+		t.Fatalf("neither the flag nor the environment reached the binary:\n%s", log)
+	}
 	s.Kill()
 	s = s.Restart()
 	pubc, _ := s.RawClients()

@@ -85,7 +85,7 @@ func Start(t testing.TB, cfg sidecar.Config, opts ...Option) *Sidecar {
 // Only a sidecar that could not be launched at all fails the test.
 func StartErr(t testing.TB, cfg sidecar.Config, opts ...Option) (*Sidecar, error) {
 	t.Helper()
-	o := options{log: defaultLogger()}
+	o := options{log: Log()}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -124,9 +124,9 @@ func StartErr(t testing.TB, cfg sidecar.Config, opts ...Option) (*Sidecar, error
 	return s, nil
 }
 
-// defaultLogger discards the in-process sidecar's log; JETORDER_TEST_LOG=1
-// sends it to stderr at debug level.
-func defaultLogger() *slog.Logger {
+// Log is the tests' logger, for the in-process sidecar and the library:
+// it discards, unless JETORDER_TEST_LOG=1 sends it to stderr at debug level.
+func Log() *slog.Logger {
 	if os.Getenv("JETORDER_TEST_LOG") == "" {
 		return slog.New(slog.DiscardHandler)
 	}
@@ -160,13 +160,17 @@ func (s *Sidecar) startInProcess() error {
 	}
 }
 
-// listening is the binary's log line once it serves (text format).
-var listening = regexp.MustCompile(`msg="jetorder sidecar listening" grpc=(\S+) http=(\S+)`)
+// listening is the binary's log line once it serves, in the text or the
+// JSON format.
+var listening = regexp.MustCompile(`msg="jetorder sidecar listening" grpc=(\S+) http=(\S+)|"msg":"jetorder sidecar listening","grpc":"([^"]+)","http":"([^"]+)"`)
 
 func (s *Sidecar) startBinary() error {
 	found := make(chan []string, 1)
 	s.proc = StartProcess(s.t, s.o.bin, append(flags(s.cfg), s.o.flags...), s.o.env, func(line string) {
 		if m := listening.FindStringSubmatch(line); m != nil {
+			if m[1] == "" { // JSON
+				m[1], m[2] = m[3], m[4]
+			}
 			select {
 			case found <- m:
 			default:
@@ -299,9 +303,6 @@ func (s *Sidecar) Log() string {
 	return s.proc.Log()
 }
 
-// Config is the configuration the sidecar runs with, defaults applied.
-func (s *Sidecar) Config() sidecar.Config { return s.cfg }
-
 // Metrics scrapes the sidecar's /metrics (plain HTTP).
 func (s *Sidecar) Metrics() testutil.Metrics {
 	s.t.Helper()
@@ -353,8 +354,7 @@ func Flags(flags ...string) Option {
 // Env adds NAME=value pairs to the binary's environment (Binary only).
 func Env(env ...string) Option { return func(o *options) { o.env = append(o.env, env...) } }
 
-// Logger receives the in-process sidecar's log instead of the default
-// (discarded; with JETORDER_TEST_LOG=1, stderr).
+// Logger receives the in-process sidecar's log instead of Log.
 func Logger(log *slog.Logger) Option { return func(o *options) { o.log = log } }
 
 // TLS serves both APIs with the server certificate of certs, and makes
