@@ -21,6 +21,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/types"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -33,37 +34,37 @@ import (
 // sidecar's allowed origins and rate.
 
 const (
-	cebTopic = "ce-batched"
-	cebSub   = "ce-batched-sub"
-	// cebOddKey is what sdk-go sends unencoded and the sidecar used to
+	batchTopic = "ce-batched"
+	batchSub   = "ce-batched-sub"
+	// oddKey is what sdk-go sends unencoded and the sidecar used to
 	// refuse in binary mode.
-	cebOddKey = `50% "off" today`
+	oddKey = `50% "off" today`
 )
 
 func TestCloudEventsBatchThroughSidecar(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{WebhookAllowedOrigins: []string{"eventemitter.example.com"}, WebhookAllowedRate: 120})
-	c := sc.goClient()
-	mustCreateTopic(t, c, cebTopic)
-	mustCreateSub(t, c, &pb.Subscription{Name: subPath(cebSub), Topic: topicPath(cebTopic), EnableMessageOrdering: true})
-	eventsURL := "http://" + sc.at.HTTP + "/v1/projects/" + project + "/topics/" + cebTopic + "/events"
+	sc := itest.Start(t, sidecar.Config{WebhookAllowedOrigins: []string{"eventemitter.example.com"}, WebhookAllowedRate: 120})
+	c := sc.GoClient()
+	mustCreateTopic(t, c, batchTopic)
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath(batchSub), Topic: topicPath(batchTopic), EnableMessageOrdering: true})
+	eventsURL := "http://" + sc.HTTP + "/v1/projects/" + project + "/topics/" + batchTopic + "/events"
 
 	chk := ordercheck.New()
 	var mu sync.Mutex
-	oddAttrs := map[int]map[string]string{} // the Pub/Sub attributes of cebOddKey's messages, by index
-	receiveGo(t, c.Subscriber(cebSub), func(_ context.Context, m *pubsub.Message) {
+	oddAttrs := map[int]map[string]string{} // the Pub/Sub attributes of oddKey's messages, by index
+	receiveGo(t, c.Subscriber(batchSub), func(_ context.Context, m *pubsub.Message) {
 		key, idx, err := ordercheck.Decode(m.Data)
 		if err != nil || key != m.OrderingKey {
 			chk.Fail("undecodable delivery %q (ordering key %q): %v", m.Data, m.OrderingKey, err)
 			m.Ack()
 			return
 		}
-		chk.Delivered(cebSub, key, idx)
-		if key == cebOddKey {
+		chk.Delivered(batchSub, key, idx)
+		if key == oddKey {
 			mu.Lock()
 			oddAttrs[idx] = m.Attributes
 			mu.Unlock()
 		}
-		chk.Acked(cebSub, key, idx)
+		chk.Acked(batchSub, key, idx)
 		m.Ack()
 	})
 
@@ -85,7 +86,7 @@ func TestCloudEventsBatchThroughSidecar(t *testing.T) {
 		chk.Published(key, i)
 		return ev
 	}
-	keys := []string{"order-1", "order 2", "order.3>", "", cebOddKey}
+	keys := []string{"order-1", "order 2", "order.3>", "", oddKey}
 
 	// Batches as structured JSON written by hand, several keys interleaved.
 	for b := range 4 {
@@ -98,15 +99,15 @@ func TestCloudEventsBatchThroughSidecar(t *testing.T) {
 			}
 			parts = append(parts, string(j))
 		}
-		ids := cebPost(t, eventsURL, http.Header{"Content-Type": {"application/cloudevents-batch+json; charset=UTF-8"}}, []byte("["+strings.Join(parts, ",\n")+"]"))
+		ids := postEvents(t, eventsURL, http.Header{"Content-Type": {"application/cloudevents-batch+json; charset=UTF-8"}}, []byte("["+strings.Join(parts, ",\n")+"]"))
 		if len(ids) != 50 {
 			t.Fatalf("batch %d: %d message ids", b, len(ids))
 		}
 	}
 	// As sdk-go 2.16 sends single events: binary mode, values unencoded.
 	for range 3 {
-		req := sdkGoBinaryRequest(t, eventsURL, newEvent(cebOddKey))
-		if ids := cebDo(t, req); len(ids) != 1 {
+		req := sdkGoBinaryRequest(t, eventsURL, newEvent(oddKey))
+		if ids := doEvents(t, req); len(ids) != 1 {
 			t.Fatalf("sdk-go binary event: %d ids", len(ids))
 		}
 	}
@@ -120,25 +121,25 @@ func TestCloudEventsBatchThroughSidecar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ids := cebPost(t, eventsURL, http.Header{"Content-Type": {event.ApplicationCloudEventsBatchJSON}}, body); len(ids) != len(batch) {
+	if ids := postEvents(t, eventsURL, http.Header{"Content-Type": {event.ApplicationCloudEventsBatchJSON}}, body); len(ids) != len(batch) {
 		t.Fatalf("sdk-go batch: %d ids for %d events", len(ids), len(batch))
 	}
 
-	testutil.Eventually(t, 60*time.Second, func() bool { return chk.Complete(cebSub) || len(chk.Violations()) > 0 },
-		"not everything acked: %s", func() string { return chk.Missing(cebSub) })
+	testutil.Eventually(t, 60*time.Second, func() bool { return chk.Complete(batchSub) || len(chk.Violations()) > 0 },
+		"not everything acked: %s", func() string { return chk.Missing(batchSub) })
 	if v := chk.Violations(); len(v) > 0 {
 		t.Fatalf("%d ordering violations, first: %s", len(v), strings.Join(v, "\n"))
 	}
-	// cebOddKey's events, whichever way they came, carry the value as
+	// oddKey's events, whichever way they came, carry the value as
 	// sent: the Pub/Sub binding's attributes are not percent-encoded.
 	mu.Lock()
 	defer mu.Unlock()
-	if len(oddAttrs) != nextIndex[cebOddKey] {
-		t.Fatalf("%d messages of key %q seen, %d sent", len(oddAttrs), cebOddKey, nextIndex[cebOddKey])
+	if len(oddAttrs) != nextIndex[oddKey] {
+		t.Fatalf("%d messages of key %q seen, %d sent", len(oddAttrs), oddKey, nextIndex[oddKey])
 	}
 	for i, attrs := range oddAttrs {
-		if attrs["ce-subject"] != cebOddKey || attrs["ce-partitionkey"] != cebOddKey {
-			t.Errorf("message %d of key %q: attributes %v", i, cebOddKey, attrs)
+		if attrs["ce-subject"] != oddKey || attrs["ce-partitionkey"] != oddKey {
+			t.Errorf("message %d of key %q: attributes %v", i, oddKey, attrs)
 		}
 	}
 
@@ -177,20 +178,20 @@ func TestCloudEventsBatchThroughSidecar(t *testing.T) {
 	}
 }
 
-// cebPost POSTs body and returns the message ids of the answer.
-func cebPost(t *testing.T, url string, h http.Header, body []byte) []string {
+// postEvents POSTs body and returns the message ids of the answer.
+func postEvents(t *testing.T, url string, h http.Header, body []byte) []string {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header = h
-	return cebDo(t, req)
+	return doEvents(t, req)
 }
 
-// cebDo sends req and returns the message ids of the answer: messageIds
+// doEvents sends req and returns the message ids of the answer: messageIds
 // of a batch, or the one messageId of a single event.
-func cebDo(t *testing.T, req *http.Request) []string {
+func doEvents(t *testing.T, req *http.Request) []string {
 	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -31,6 +31,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	ce "github.com/jetorder/jetorder/cloudevents"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/push"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -51,8 +52,8 @@ const fourwayTopic = "ce-fourway"
 
 // fourway is one sidecar and a library client on its NATS server.
 type fourway struct {
-	env *env         // the library's side: adapter client on the sidecar's NATS
-	sc  *sidecarProc // the sidecar: gRPC and HTTP APIs
+	env *env           // the library's side: adapter client on the sidecar's NATS
+	sc  *itest.Sidecar // the sidecar: gRPC and HTTP APIs
 	gc  *pubsub.Client
 	pub *pubsub.Publisher
 }
@@ -263,8 +264,8 @@ func fourwayEvents(t *testing.T) map[string]event.Event {
 
 func TestCloudEventsFourWays(t *testing.T) {
 	e := newEnv(t)
-	sc := startSidecar(t, sidecar.Config{NATSURL: e.srv.ClientURL()})
-	fw := &fourway{env: e, sc: sc, gc: sc.goClient()}
+	sc := itest.Start(t, sidecar.Config{NATSURL: e.srv.ClientURL()})
+	fw := &fourway{env: e, sc: sc, gc: sc.GoClient()}
 	mustCreateTopic(t, fw.gc, fourwayTopic)
 	fw.pub = fw.gc.Publisher(fourwayTopic)
 	fw.pub.EnableMessageOrdering = true
@@ -330,7 +331,7 @@ func TestCloudEventsFourWays(t *testing.T) {
 // postEvent POSTs one event to the sidecar's HTTP API and returns the id
 // of the message stored.
 func (fw *fourway) postEvent(ctx context.Context, h http.Header, body []byte) (string, error) {
-	url := "http://" + fw.sc.at.HTTP + "/v1/projects/" + project + "/topics/" + fourwayTopic + "/events"
+	url := "http://" + fw.sc.HTTP + "/v1/projects/" + project + "/topics/" + fourwayTopic + "/events"
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return "", err

@@ -4,11 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"maps"
-	"net"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +17,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
@@ -92,8 +89,8 @@ func compactJSON(t *testing.T, s string) string {
 // resends, received_orders is the specification's example, and a second
 // resend never reaches the client.
 func TestSidecarDIDCommAuction(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "auction")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("auctioneer"), Topic: topicPath("auction"), EnableMessageOrdering: true,
 		Labels: map[string]string{"jetorder-didcomm": "track"}})
@@ -176,39 +173,24 @@ func TestSidecarDIDCommAuction(t *testing.T) {
 		t.Fatalf("plain message got DIDComm attributes: %+v", got)
 	}
 
-	metrics := scrape(t, sc.at.HTTP)
-	label := `{subscription="` + subPath("auctioneer") + `"}`
-	for _, want := range []string{
-		"jetorder_didcomm_gaps_opened_total" + label + " 2\n",
-		"jetorder_didcomm_gaps_filled_total" + label + " 2\n",
-		"jetorder_didcomm_copies_dropped_total" + label + " 1\n",
-		"jetorder_didcomm_open_gaps" + label + " 0\n",
+	metrics := sc.Metrics()
+	for name, want := range map[string]float64{
+		"jetorder_didcomm_gaps_opened_total":    2,
+		"jetorder_didcomm_gaps_filled_total":    2,
+		"jetorder_didcomm_copies_dropped_total": 1,
+		"jetorder_didcomm_open_gaps":            0,
 	} {
-		if !strings.Contains(metrics, want) {
-			t.Errorf("metrics lack %q:\n%s", want, metrics)
+		if got, ok := metrics.Value(name, "subscription", subPath("auctioneer")); !ok || got != want {
+			t.Errorf("%s{subscription=%q} = %v (found: %v), want %v", name, subPath("auctioneer"), got, ok, want)
 		}
 	}
-}
-
-func scrape(t *testing.T, httpAddr string) string {
-	t.Helper()
-	resp, err := http.Get("http://" + httpAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 // Switching tracking on for a subscription with a backlog delivers the
 // backlog, tracked, and nothing acked before.
 func TestSidecarDIDCommTrackingSwitchedOn(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "bids")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("bids-sub"), Topic: topicPath("bids"), EnableMessageOrdering: true})
 	pub := c.Publisher("bids")
@@ -273,27 +255,14 @@ func TestSidecarDIDCommTrackingSwitchedOn(t *testing.T) {
 	}
 }
 
-// freePort returns a TCP port free on loopback now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // One subscription read through the sidecar and through the library
 // (didcomm.Receive, over the sidecar's NATS port): both see the same gaps
 // and drop the same copies, and the tracker's state survives a SIGKILL of
 // the sidecar and its restart on its data dir.
 func TestSidecarDIDCommSharedWithLibraryAcrossSIGKILL(t *testing.T) {
-	bin := killBuildSidecar(t)
-	dir := t.TempDir()
-	natsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	a := killStart(t, bin, dir, "127.0.0.1:0", "127.0.0.1:0", "--nats-listen", natsAddr)
-	c := goClientAt(t, a.grpc)
+	natsAddr := itest.FreeAddr(t)
+	a := itest.Start(t, sidecar.Config{NATSListen: natsAddr}, itest.Binary(itest.BuildSidecar(t)))
+	c := a.GoClient()
 	mustCreateTopic(t, c, "shared")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("shared-sub"), Topic: topicPath("shared"), EnableMessageOrdering: true,
 		Labels: map[string]string{"jetorder-didcomm": "track"}})
@@ -321,8 +290,8 @@ func TestSidecarDIDCommSharedWithLibraryAcrossSIGKILL(t *testing.T) {
 	stop()
 
 	// The sidecar dies and comes back on its data dir.
-	a.kill()
-	a = killStart(t, bin, dir, a.grpc, a.http, "--nats-listen", natsAddr)
+	a.Kill()
+	a = a.Restart()
 
 	// Through the library: Alice resends 2, 3 and 4 (a copy), then sends 5.
 	nc, err := nats.Connect("nats://"+natsAddr, nats.ReconnectBufSize(-1))
@@ -335,7 +304,7 @@ func TestSidecarDIDCommSharedWithLibraryAcrossSIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lib.Close()
-	c = goClientAt(t, a.grpc)
+	c = a.GoClient()
 	alice4again, alice5 := bid(t, "auction-2", "did:ex:alice", 4, 2), bid(t, "auction-2", "did:ex:alice", 5, 0)
 	publishBids(c, bid(t, "auction-2", "did:ex:alice", 2, 2), bid(t, "auction-2", "did:ex:alice", 3, 2), alice4again, alice5)
 	var viaLibrary handoverLog
@@ -380,5 +349,5 @@ func TestSidecarDIDCommSharedWithLibraryAcrossSIGKILL(t *testing.T) {
 	if got, _ := viaSidecar.find(alice6); got.receivedOrders != `[{"id":"did:ex:bob","last":2,"gaps":[]},{"id":"did:ex:alice","last":6,"gaps":[]}]` {
 		t.Fatalf("alice's 6: %+v", got)
 	}
-	a.terminate()
+	a.Stop()
 }

@@ -15,16 +15,13 @@ import (
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/didcomm"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
@@ -41,39 +38,6 @@ func unstampedBid(id string) *pubsub.Message {
 		Data:       fmt.Appendf(nil, `{"id":%q,"type":"https://example.org/auction/1.0/bid","thid":"auction-1","from":"did:ex:alice","body":{}}`, id),
 		Attributes: map[string]string{broker.AttrDIDComm: broker.DIDCommStamp},
 	}
-}
-
-// patientClient is Google's Go client for the sidecar at addr that waits
-// for a sidecar that is restarting, retrying the connection every 200ms at
-// most, instead of failing its calls UNAVAILABLE and backing off for
-// seconds: the defaults would make the test's time depend on luck.
-func patientClient(t *testing.T, addr string) *pubsub.Client {
-	t.Helper()
-	c, err := pubsub.NewClient(context.Background(), project,
-		option.WithEndpoint(addr),
-		option.WithoutAuthentication(),
-		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
-		option.WithGRPCDialOption(grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond},
-			MinConnectTimeout: 5 * time.Second,
-		})),
-		option.WithGRPCDialOption(grpc.WithDefaultCallOptions(grpc.WaitForReady(true))),
-		option.WithTelemetryDisabled())
-	if err != nil {
-		t.Fatalf("pubsub.NewClient: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-// restartSidecar stops p as SIGTERM does and starts it again on the same
-// addresses, so that its clients reconnect to it.
-func restartSidecar(t *testing.T, p *sidecarProc) *sidecarProc {
-	t.Helper()
-	p.stop()
-	cfg := p.cfg
-	cfg.GRPCAddr, cfg.HTTPAddr = p.at.GRPC, p.at.HTTP
-	return startSidecar(t, cfg)
 }
 
 // stampedMessage is a message as a topic's stream holds it, with its
@@ -169,8 +133,8 @@ func TestDIDCommStampTwoSidecarsAndARestart(t *testing.T) {
 	)
 	srv := testutil.Server(t)
 	url := srv.ClientURL()
-	scs := []*sidecarProc{startSidecar(t, sidecar.Config{NATSURL: url}), startSidecar(t, sidecar.Config{NATSURL: url})}
-	clients := []*pubsub.Client{patientClient(t, scs[0].at.GRPC), patientClient(t, scs[1].at.GRPC)}
+	scs := []*itest.Sidecar{itest.Start(t, sidecar.Config{NATSURL: url}), itest.Start(t, sidecar.Config{NATSURL: url})}
+	clients := []*pubsub.Client{scs[0].GoClient(itest.Patient()...), scs[1].GoClient(itest.Patient()...)}
 	mustCreateTopic(t, clients[0], topic)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -232,7 +196,7 @@ func TestDIDCommStampTwoSidecarsAndARestart(t *testing.T) {
 		}
 	}
 	atMidway := time.Since(start)
-	scs[1] = restartSidecar(t, scs[1])
+	scs[1] = scs[1].Restart()
 	close(restarted)
 	restartedAt := time.Since(start)
 	for range goroutines {
@@ -296,22 +260,22 @@ type httpPublishMessage struct {
 
 // httpPublish posts a publish request to the sidecar's HTTP API and
 // returns the status and the error message.
-func httpPublish(t *testing.T, sc *sidecarProc, topic string, msgs ...httpPublishMessage) (int, string) {
+func httpPublish(t *testing.T, sc *itest.Sidecar, topic string, msgs ...httpPublishMessage) (int, string) {
 	t.Helper()
 	body, err := json.Marshal(map[string]any{"messages": msgs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return injPostJSON(t, "http://"+sc.at.HTTP+"/v1/projects/"+project+"/topics/"+topic+":publish", string(body))
+	return postJSON(t, "http://"+sc.HTTP+"/v1/projects/"+project+"/topics/"+topic+":publish", string(body))
 }
 
 // Refusals through gRPC and HTTP: INVALID_ARGUMENT / 400 naming the
 // reason, nothing of the request stored, no order taken.
 func TestDIDCommStampRefusals(t *testing.T) {
 	srv := testutil.Server(t)
-	sc := startSidecar(t, sidecar.Config{NATSURL: srv.ClientURL()})
-	mustCreateTopic(t, sc.goClient(), "refusals")
-	grpcPub, _ := sc.rawClient()
+	sc := itest.Start(t, sidecar.Config{NATSURL: srv.ClientURL()})
+	mustCreateTopic(t, sc.GoClient(), "refusals")
+	grpcPub, _ := sc.RawClients()
 	ctx := context.Background()
 	good := func(id string) *pb.PubsubMessage {
 		m := unstampedBid(id)
@@ -364,8 +328,8 @@ func TestDIDCommStampRefusals(t *testing.T) {
 // didcomm-* attributes; stamped through HTTP, a subscriber sees
 // didcomm-sender-order among them.
 func TestDIDCommStampAttributesOverHTTP(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "attrs")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("attrs-sub"), Topic: topicPath("attrs")})
 	for i := range 2 {

@@ -3,8 +3,6 @@ package integration
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -13,10 +11,11 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/embedded"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
-const project = "test-project"
+const project = itest.Project
 
 // env is one embedded server and a client of it.
 type env struct {
@@ -26,13 +25,8 @@ type env struct {
 	client *adapter.Client
 }
 
-// JETORDER_TEST_LOG=1 sends the adapter's debug log to stderr.
-func testLogger() []adapter.Option {
-	if os.Getenv("JETORDER_TEST_LOG") == "" {
-		return nil
-	}
-	return []adapter.Option{adapter.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))}
-}
+// testLogger gives the adapter the tests' logger, itest.Log.
+func testLogger() []adapter.Option { return []adapter.Option{adapter.WithLogger(itest.Log())} }
 
 func newEnv(t *testing.T, opts ...adapter.Option) *env {
 	t.Helper()
@@ -63,16 +57,11 @@ func (e *env) createTopic(id string) *adapter.Topic {
 	return topic
 }
 
-// testDelivery is the delivery mode of the ordered subscriptions the
-// tests create without choosing one: JETORDER_TEST_DELIVERY=per-key runs
-// the shared behaviour suite against per-key delivery instead of the
-// default, partitioned (make test runs it both ways).
-var testDelivery = adapter.DeliveryMode(os.Getenv("JETORDER_TEST_DELIVERY"))
-
-// withTestDelivery applies testDelivery to cfg.
+// withTestDelivery applies itest.Delivery, the delivery mode the tests
+// run with, to cfg.
 func withTestDelivery(cfg adapter.SubscriptionConfig) adapter.SubscriptionConfig {
-	if cfg.EnableMessageOrdering && cfg.Delivery == "" && testDelivery != "" {
-		cfg.Delivery = testDelivery
+	if cfg.EnableMessageOrdering && cfg.Delivery == "" && itest.Delivery != "" {
+		cfg.Delivery = itest.Delivery
 	}
 	return cfg
 }

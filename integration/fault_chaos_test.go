@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,7 +21,10 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/embedded"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -58,24 +60,17 @@ func chaosKills(t *testing.T, pipelined bool) {
 		kills, labels, chk, ordering = chaosEnv("KILLS", 6), pipelinedLabels, ordercheck.NewPipelined(), "pipelined"
 	}
 	killNATS := os.Getenv("JETORDER_CHAOS_NATS") != "0"
-	bin := killBuildSidecar(t)
-	natsAddr := freeAddr(t)
-	natsDir, sidecarDir := t.TempDir(), t.TempDir()
-	startNATS := func(grpcAddr, httpAddr string) *killProc {
-		// Process A only hosts NATS; --sync lazy keeps its server as these
-		// stall bounds were measured (group commit's 1 s server sync
-		// interval coincided with two CI runs over the 8 s bound).
-		return killStart(t, bin, natsDir, grpcAddr, httpAddr, "--nats-listen", natsAddr, "--sync", "lazy")
-	}
+	bin := itest.BuildSidecar(t)
+	natsAddr := itest.FreeAddr(t)
+	// Process A only hosts NATS; --sync lazy keeps its server as these
+	// stall bounds were measured (group commit's 1 s server sync interval
+	// coincided with two CI runs over the 8 s bound).
+	a := itest.Start(t, sidecar.Config{NATSListen: natsAddr, Sync: embedded.SyncLazy}, itest.Binary(bin))
 	diag := newChaosDiag(t, natsAddr)
-	startSidecar := func(grpcAddr, httpAddr string) *killProc {
-		return killStart(t, bin, sidecarDir, grpcAddr, httpAddr, append([]string{"--nats-url", "nats://" + natsAddr}, diag.sidecarArgs()...)...)
-	}
-	a := startNATS("127.0.0.1:0", "127.0.0.1:0")
-	b := startSidecar("127.0.0.1:0", "127.0.0.1:0")
+	b := itest.Start(t, sidecar.Config{NATSURL: "nats://" + natsAddr}, itest.Binary(bin), itest.Flags(diag.sidecarArgs()...))
 
 	opens := &streamOpens{at: map[string]time.Time{}}
-	c := goClientAt(t, b.grpc, option.WithGRPCDialOption(grpc.WithStreamInterceptor(opens.intercept)))
+	c := b.GoClient(option.WithGRPCDialOption(grpc.WithStreamInterceptor(opens.intercept)))
 	subs := []string{"chaos-a", "chaos-b"}
 	mustCreateTopic(t, c, "chaos")
 	for _, s := range subs {
@@ -88,7 +83,7 @@ func chaosKills(t *testing.T, pipelined bool) {
 	for k := range keys {
 		names = append(names, fmt.Sprintf("user-%d", k))
 	}
-	publishCheckedGo(t, pub, chk, names, perKey)
+	itest.PublishChecked(t, pub, chk, names, 0, perKey)
 	pub.Stop()
 	chk.AcksMayBeLost()
 
@@ -151,18 +146,18 @@ func chaosKills(t *testing.T, pipelined bool) {
 		var ready time.Time
 		what := "sidecar"
 		if i%2 == 0 || !killNATS {
-			b.kill()
+			b.Kill()
 			diag.saveLog("b", b)
-			b = startSidecar(b.grpc, b.http)
-			ready = b.readyAt
+			b = b.Restart()
+			ready = b.ReadyAt
 			diag.tracef("READY sidecar %d", i+1)
 		} else {
 			what = "nats"
 			diag.consumers(fmt.Sprintf("before nats kill %d", i+1))
-			a.kill()
+			a.Kill()
 			diag.saveLog("a", a)
-			a = startNATS(a.grpc, a.http)
-			ready = a.readyAt
+			a = a.Restart()
+			ready = a.ReadyAt
 			diag.tracef("READY nats %d", i+1)
 			diag.consumers(fmt.Sprintf("after nats restart %d", i+1))
 		}
@@ -201,7 +196,7 @@ func chaosKills(t *testing.T, pipelined bool) {
 		if t.Failed() {
 			t.Logf("violations: %s", strings.Join(chk.Violations(), "\n"))
 			t.Logf("consumers:\n%s", chaosConsumers(natsAddr))
-			t.Logf("sidecar log:\n%s", b.log.String())
+			t.Logf("sidecar log:\n%s", b.Log())
 		}
 	})
 	for _, s := range subs {
@@ -261,12 +256,12 @@ func chaosKills(t *testing.T, pipelined bool) {
 		if r.back > 0 {
 			share = r.after
 		}
-		if (testDelivery != adapter.DeliveryPerKey || pipelined) && share > 8*time.Second {
+		if (itest.Delivery != adapter.DeliveryPerKey || pipelined) && share > 8*time.Second {
 			t.Errorf("kill %d (%s): delivery stalled %v, the sidecar's share %v", i+1, r.what, r.stall, share)
 		}
 	}
-	b.terminate()
-	a.terminate()
+	b.Stop()
+	a.Stop()
 }
 
 // chaosKill is what one kill cost.
@@ -348,23 +343,11 @@ func chaosEnv(name string, def int) int {
 	return def
 }
 
-// freeAddr is a loopback address with a port free now, for a server that
-// must come back on the same port after a kill.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func deliveryName() string {
-	if testDelivery == "" {
+	if itest.Delivery == "" {
 		return "partitioned (default)"
 	}
-	return string(testDelivery)
+	return string(itest.Delivery)
 }
 
 // chaosConsumers describes every consumer of the chaos topic, for a
@@ -444,7 +427,7 @@ func (d *chaosDiag) tracef(format string, args ...any) {
 }
 
 // saveLog writes p's log as NN-name.log, numbered in the order saved.
-func (d *chaosDiag) saveLog(name string, p *killProc) {
+func (d *chaosDiag) saveLog(name string, p *itest.Sidecar) {
 	if d.dir == "" {
 		return
 	}
@@ -452,7 +435,7 @@ func (d *chaosDiag) saveLog(name string, p *killProc) {
 	d.logs++
 	n := d.logs
 	d.mu.Unlock()
-	_ = os.WriteFile(filepath.Join(d.dir, fmt.Sprintf("%02d-%s.log", n, name)), []byte(p.log.String()), 0o644)
+	_ = os.WriteFile(filepath.Join(d.dir, fmt.Sprintf("%02d-%s.log", n, name)), []byte(p.Log()), 0o644)
 }
 
 func (d *chaosDiag) consumers(when string) {

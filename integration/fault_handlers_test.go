@@ -11,6 +11,7 @@ import (
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -149,11 +150,11 @@ func TestFaultMisbehavingHandlers(t *testing.T) {
 // sidecar's metrics show the growing delivery attempt with nothing dead
 // lettered.
 func TestFaultPoisonKeyWaitsVisibleInMetrics(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "poisoned")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("poisoned-sub"), Topic: topicPath("poisoned"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
-	pubc, subc := sc.rawClient()
+	pubc, subc := sc.RawClients()
 	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("poisoned"), Messages: []*pb.PubsubMessage{
 		{Data: []byte("poison"), OrderingKey: "k"}, {Data: []byte("next"), OrderingKey: "k"}, {Data: []byte("other"), OrderingKey: "o"}}}); err != nil {
 		t.Fatal(err)
@@ -194,7 +195,7 @@ func TestFaultPoisonKeyWaitsVisibleInMetrics(t *testing.T) {
 	}
 	rs.quiet(time.Second, "the poisoned key's next message came while the poison was out")
 
-	m := testutil.Scrape(t, "http://"+sc.at.HTTP+"/metrics")
+	m := testutil.Scrape(t, "http://"+sc.HTTP+"/metrics")
 	sub := []string{"subscription", subPath("poisoned-sub")}
 	for name, want := range map[string]float64{
 		"jetorder_max_delivery_attempt": attempts,

@@ -30,21 +30,21 @@ import (
 // Every delivery goes through the ordering checker. (Batches of many
 // messages of a key cut by a restart: TestFaultReconnectMidBatch.)
 
-// fltMsg names one message: its key and its index within the key.
-type fltMsg struct {
+// loadMsg names one message: its key and its index within the key.
+type loadMsg struct {
 	key string
 	idx int
 }
 
-// fltAck is the copy of a message that was acked first, and when.
-type fltAck struct {
+// loadAck is the copy of a message that was acked first, and when.
+type loadAck struct {
 	seq uint64
 	at  time.Time
 }
 
-// fltLoad publishes on keys at a steady rate and receives what it
+// keyLoad publishes on keys at a steady rate and receives what it
 // published, recording what the checks and the figures need.
-type fltLoad struct {
+type keyLoad struct {
 	topic   *adapter.Topic
 	check   *ordercheck.Checker
 	sub     string
@@ -57,11 +57,11 @@ type fltLoad struct {
 	writers sync.WaitGroup
 
 	mu           sync.Mutex
-	stored       int             // messages published successfully, each once
-	skipped      int             // publish ticks skipped, the key too far ahead of its acks
-	failures     map[string]int  // failed publish results, by cause
-	failed       map[fltMsg]bool // messages with a failed publish attempt
-	acked        map[fltMsg]fltAck
+	stored       int              // messages published successfully, each once
+	skipped      int              // publish ticks skipped, the key too far ahead of its acks
+	failures     map[string]int   // failed publish results, by cause
+	failed       map[loadMsg]bool // messages with a failed publish attempt
+	acked        map[loadMsg]loadAck
 	deliveries   []time.Time
 	byKey        map[string][]time.Time
 	ackedThrough map[string]int // per key, the first message not acked
@@ -76,11 +76,11 @@ type fltLoad struct {
 	problems       []string  // broken publisher promises and de-duplication, reported by the test
 }
 
-func newFltLoad(ctx context.Context, topic *adapter.Topic, sub string, keys int, every time.Duration, nackPct int) *fltLoad {
-	l := &fltLoad{
+func newKeyLoad(ctx context.Context, topic *adapter.Topic, sub string, keys int, every time.Duration, nackPct int) *keyLoad {
+	l := &keyLoad{
 		topic: topic, check: ordercheck.New(), sub: sub, every: every, nackPct: nackPct,
 		ctx: ctx, stop: make(chan struct{}),
-		failures: map[string]int{}, failed: map[fltMsg]bool{}, acked: map[fltMsg]fltAck{}, ackedThrough: map[string]int{}, byKey: map[string][]time.Time{},
+		failures: map[string]int{}, failed: map[loadMsg]bool{}, acked: map[loadMsg]loadAck{}, ackedThrough: map[string]int{}, byKey: map[string][]time.Time{},
 	}
 	for k := range keys {
 		l.keys = append(l.keys, fmt.Sprintf("key-%02d", k))
@@ -89,7 +89,7 @@ func newFltLoad(ctx context.Context, topic *adapter.Topic, sub string, keys int,
 }
 
 // startPublishing starts one publisher goroutine per key.
-func (l *fltLoad) startPublishing() {
+func (l *keyLoad) startPublishing() {
 	for _, key := range l.keys {
 		l.writers.Add(1)
 		go l.publishKey(key)
@@ -98,12 +98,12 @@ func (l *fltLoad) startPublishing() {
 
 // stopPublishing stops new messages and waits until every key's messages,
 // the failed ones published again, are stored.
-func (l *fltLoad) stopPublishing() {
+func (l *keyLoad) stopPublishing() {
 	close(l.stop)
 	l.writers.Wait()
 }
 
-type fltSent struct {
+type loadSent struct {
 	idx int
 	res *adapter.PublishResult
 }
@@ -112,9 +112,9 @@ type fltSent struct {
 // waiting for results. When a result is a failure, the key is paused (and
 // every later result fails too): it takes them all, resumes the key and
 // goes on from the first failed message, as an application would.
-func (l *fltLoad) publishKey(key string) {
+func (l *keyLoad) publishKey(key string) {
 	defer l.writers.Done()
-	var out []fltSent
+	var out []loadSent
 	next, high := 0, 0 // next index to publish; one past the highest published
 	tick := time.NewTicker(l.every)
 	defer tick.Stop()
@@ -132,23 +132,23 @@ func (l *fltLoad) publishKey(key string) {
 		if l.behind(key, next) {
 			continue
 		}
-		out = append(out, fltSent{next, l.topic.Publish(l.ctx, &adapter.Message{Data: ordercheck.Encode(key, next), OrderingKey: key})})
+		out = append(out, loadSent{next, l.topic.Publish(l.ctx, &adapter.Message{Data: ordercheck.Encode(key, next), OrderingKey: key})})
 		next++
 		high = max(high, next)
 	}
 }
 
-// fltBacklog bounds how far a key's publisher runs ahead of its acks: on a
+// loadBacklog bounds how far a key's publisher runs ahead of its acks: on a
 // machine too slow to deliver at the publish rate, the run stays the same
 // size instead of piling up messages to wait for.
-const fltBacklog = 150
+const loadBacklog = 150
 
 // behind reports whether key's publisher is to skip a tick, next being
-// fltBacklog messages ahead of the key's first unacked one.
-func (l *fltLoad) behind(key string, next int) bool {
+// loadBacklog messages ahead of the key's first unacked one.
+func (l *keyLoad) behind(key string, next int) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if next-l.ackedThrough[key] < fltBacklog {
+	if next-l.ackedThrough[key] < loadBacklog {
 		return false
 	}
 	l.skipped++
@@ -157,7 +157,7 @@ func (l *fltLoad) behind(key string, next int) bool {
 
 // finishKey waits for key's outstanding results and publishes what failed
 // again until every message below high is stored.
-func (l *fltLoad) finishKey(key string, out []fltSent, next, high int) {
+func (l *keyLoad) finishKey(key string, out []loadSent, next, high int) {
 	for {
 		out, next = l.settle(key, out, next, true)
 		if len(out) == 0 && next == high {
@@ -168,7 +168,7 @@ func (l *fltLoad) finishKey(key string, out []fltSent, next, high int) {
 			return
 		}
 		for ; next < high; next++ {
-			out = append(out, fltSent{next, l.topic.Publish(l.ctx, &adapter.Message{Data: ordercheck.Encode(key, next), OrderingKey: key})})
+			out = append(out, loadSent{next, l.topic.Publish(l.ctx, &adapter.Message{Data: ordercheck.Encode(key, next), OrderingKey: key})})
 		}
 	}
 }
@@ -176,7 +176,7 @@ func (l *fltLoad) finishKey(key string, out []fltSent, next, high int) {
 // settle takes the finished results off the front of out (all of them,
 // waiting, if wait is set) and returns what is left and the next index to
 // publish.
-func (l *fltLoad) settle(key string, out []fltSent, next int, wait bool) ([]fltSent, int) {
+func (l *keyLoad) settle(key string, out []loadSent, next int, wait bool) ([]loadSent, int) {
 	for len(out) > 0 {
 		s := out[0]
 		if !wait {
@@ -206,7 +206,7 @@ func (l *fltLoad) settle(key string, out []fltSent, next int, wait bool) ([]fltS
 // failedFrom records the failure of out[0] and of everything after it,
 // which the paused key fails too; a later success would break the
 // publisher's promise that nothing of a key is stored after a failure.
-func (l *fltLoad) failedFrom(key string, out []fltSent) {
+func (l *keyLoad) failedFrom(key string, out []loadSent) {
 	for _, s := range out {
 		select {
 		case <-s.res.Ready():
@@ -218,14 +218,14 @@ func (l *fltLoad) failedFrom(key string, out []fltSent) {
 		if err == nil {
 			l.problems = append(l.problems, fmt.Sprintf("key %s: message %d stored after message %d failed", key, s.idx, out[0].idx))
 		} else {
-			l.failures[fltCause(err)]++
-			l.failed[fltMsg{key, s.idx}] = true
+			l.failures[causeOf(err)]++
+			l.failed[loadMsg{key, s.idx}] = true
 		}
 		l.mu.Unlock()
 	}
 }
 
-func fltCause(err error) string {
+func causeOf(err error) string {
 	switch {
 	case errors.Is(err, adapter.ErrPublishingPaused):
 		return "key paused"
@@ -239,7 +239,7 @@ func fltCause(err error) string {
 	return err.Error()
 }
 
-func (l *fltLoad) problem(format string, args ...any) {
+func (l *keyLoad) problem(format string, args ...any) {
 	l.mu.Lock()
 	l.problems = append(l.problems, fmt.Sprintf(format, args...))
 	l.mu.Unlock()
@@ -247,13 +247,13 @@ func (l *fltLoad) problem(format string, args ...any) {
 
 // fault marks the start of the fault; healed marks its end (the server or
 // node is back).
-func (l *fltLoad) fault() {
+func (l *keyLoad) fault() {
 	l.mu.Lock()
 	l.faultAt = time.Now()
 	l.mu.Unlock()
 }
 
-func (l *fltLoad) healed() {
+func (l *keyLoad) healed() {
 	l.mu.Lock()
 	l.healedAt = time.Now()
 	l.mu.Unlock()
@@ -267,14 +267,14 @@ func (l *fltLoad) healed() {
 // or a second stored copy of a message whose publish had failed (the failed
 // attempt was stored after all, then published again). A second copy of a
 // message whose publish never failed is a problem: de-duplication failed.
-func (l *fltLoad) handle(_ context.Context, m *adapter.Message) {
+func (l *keyLoad) handle(_ context.Context, m *adapter.Message) {
 	key, idx, err := ordercheck.Decode(m.Data)
 	if err != nil || key != m.OrderingKey {
 		l.check.Fail("%s: undecodable delivery %q (key %q): %v", l.sub, m.Data, m.OrderingKey, err)
 		m.Ack()
 		return
 	}
-	id := fltMsg{key, idx}
+	id := loadMsg{key, idx}
 	l.mu.Lock()
 	now := time.Now() // under the lock: the delivery times stay sorted
 	l.deliveries = append(l.deliveries, now)
@@ -304,8 +304,8 @@ func (l *fltLoad) handle(_ context.Context, m *adapter.Message) {
 		return
 	}
 	l.mu.Lock()
-	l.acked[id] = fltAck{m.StreamSequence, time.Now()}
-	for l.acked[fltMsg{key, l.ackedThrough[key]}].seq != 0 {
+	l.acked[id] = loadAck{m.StreamSequence, time.Now()}
+	for l.acked[loadMsg{key, l.ackedThrough[key]}].seq != 0 {
 		l.ackedThrough[key]++
 	}
 	l.mu.Unlock()
@@ -316,7 +316,7 @@ func (l *fltLoad) handle(_ context.Context, m *adapter.Message) {
 // inFault reports whether an ack at t was made around the fault: from
 // shortly before it began (acks on their way or not yet applied) until it
 // healed. Called with l.mu held.
-func (l *fltLoad) inFault(t time.Time) bool {
+func (l *keyLoad) inFault(t time.Time) bool {
 	if l.faultAt.IsZero() || t.Before(l.faultAt.Add(-2*time.Second)) {
 		return false
 	}
@@ -324,7 +324,7 @@ func (l *fltLoad) inFault(t time.Time) bool {
 }
 
 // delivered counts the deliveries so far (each key's, and in all).
-func (l *fltLoad) delivered() (min, all int) {
+func (l *keyLoad) delivered() (min, all int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	min = -1
@@ -337,7 +337,7 @@ func (l *fltLoad) delivered() (min, all int) {
 }
 
 // deliveredSince counts, for the key with fewest, deliveries after t.
-func (l *fltLoad) deliveredSince(t time.Time) int {
+func (l *keyLoad) deliveredSince(t time.Time) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	least := -1
@@ -353,7 +353,7 @@ func (l *fltLoad) deliveredSince(t time.Time) int {
 
 // verify waits until every stored message is acked and fails on any
 // ordering violation or broken publisher promise; then it logs the figures.
-func (l *fltLoad) verify(t *testing.T, timeout time.Duration) {
+func (l *keyLoad) verify(t *testing.T, timeout time.Duration) {
 	t.Helper()
 	testutil.Eventually(t, timeout, func() bool { return l.check.Complete(l.sub) },
 		"not every stored message acked: %s%s", func() string { return l.check.Missing(l.sub) },
@@ -377,7 +377,7 @@ func (l *fltLoad) verify(t *testing.T, timeout time.Duration) {
 		failed += n
 	}
 	t.Logf("%d keys, one message per key every %v: %d messages stored; %d publish results failed %v and were published again; %d ticks skipped with %d messages of a key unacked",
-		len(l.keys), l.every, l.stored, failed, l.failures, l.skipped, fltBacklog)
+		len(l.keys), l.every, l.stored, failed, l.failures, l.skipped, loadBacklog)
 	t.Logf("%d deliveries: %d redeliveries before an ack (%d%% nacked); %d repeats of acked messages: %d the same copy (ack lost; %d acked away from the fault; at most %d behind the key's first unacked message), %d a second copy of a message whose publish had failed",
 		len(l.deliveries), st.Redeliveries, l.nackPct, l.repeats+l.copies, l.repeats, l.repeatsOutside, l.repeatDepth, l.copies)
 	l.logStall(t)
@@ -388,7 +388,7 @@ func (l *fltLoad) verify(t *testing.T, timeout time.Duration) {
 // healed, the time until every key had a delivery again, the longest gap
 // between two deliveries from a second before the fault on, and the longest
 // gap of one key after the fault. Called with l.mu held.
-func (l *fltLoad) logStall(t *testing.T) {
+func (l *keyLoad) logStall(t *testing.T) {
 	t.Helper()
 	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 	firstAfter := func(ts []time.Time, at time.Time) (time.Duration, int) {
@@ -422,9 +422,9 @@ func (l *fltLoad) logStall(t *testing.T) {
 		ms(gap), ms(gapAt.Sub(l.faultAt)), ms(keyGap))
 }
 
-// fltConnect connects to urls (comma-separated) in the order given, so the
+// connectCluster connects to urls (comma-separated) in the order given, so the
 // test chooses which node a client starts on, reconnecting forever.
-func fltConnect(t *testing.T, urls string) *nats.Conn {
+func connectCluster(t *testing.T, urls string) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(urls, nats.ReconnectBufSize(-1), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
@@ -463,7 +463,7 @@ func TestFaultServerRestart(t *testing.T) {
 	if _, err := clients[0].CreateSubscription(ctx, "sub", withTestDelivery(adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 2 * time.Second})); err != nil {
 		t.Fatal(err)
 	}
-	l := newFltLoad(ctx, topic, "sub", 25, 40*time.Millisecond, 3)
+	l := newKeyLoad(ctx, topic, "sub", 25, 40*time.Millisecond, 3)
 	var receivers []*receiving
 	for _, c := range clients[1:] {
 		receivers = append(receivers, startReceive(t, c.Subscription("sub"), l.handle))
@@ -506,7 +506,7 @@ func TestFaultServerRestart(t *testing.T) {
 
 // deliveredSinceHeal counts, for the key with fewest, deliveries after the
 // fault healed.
-func (l *fltLoad) deliveredSinceHeal() int {
+func (l *keyLoad) deliveredSinceHeal() int {
 	l.mu.Lock()
 	healed := l.healedAt
 	l.mu.Unlock()
@@ -522,11 +522,11 @@ func (l *fltLoad) deliveredSinceHeal() int {
 // (Stopping a node is nats-server's Shutdown, which hands its raft
 // leaderships over before it closes connections: an orderly stop, not a
 // crash.)
-func TestFaultClusterLeaderKilled(t *testing.T) { fltClusterNodeKilled(t, true) }
+func TestFaultClusterLeaderKilled(t *testing.T) { clusterNodeKilled(t, true) }
 
-func TestFaultClusterFollowerKilled(t *testing.T) { fltClusterNodeKilled(t, false) }
+func TestFaultClusterFollowerKilled(t *testing.T) { clusterNodeKilled(t, false) }
 
-func fltClusterNodeKilled(t *testing.T, leader bool) {
+func clusterNodeKilled(t *testing.T, leader bool) {
 	cluster, err := embedded.StartCluster(t.TempDir(), 3)
 	if err != nil {
 		t.Fatal(err)
@@ -535,7 +535,7 @@ func fltClusterNodeKilled(t *testing.T, leader bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	opts := append(testLogger(), adapter.WithReplicas(3), adapter.WithFailoverTimeout(2*time.Second))
-	admin, err := adapter.NewClient(fltConnect(t, cluster.ClientURLs()), project, opts...)
+	admin, err := adapter.NewClient(connectCluster(t, cluster.ClientURLs()), project, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,9 +556,9 @@ func fltClusterNodeKilled(t *testing.T, leader bool) {
 		return err == nil
 	}, "CreateSubscription on the cluster: %v", func() error { return err })
 	stream := keyrouter.StreamName(project, "replicated")
-	testutil.Eventually(t, 30*time.Second, func() bool { return fltStreamCurrent(cluster, stream) },
+	testutil.Eventually(t, 30*time.Second, func() bool { return streamCurrent(cluster, stream) },
 		"stream %s: a leader and current replicas", stream)
-	leaderIdx := fltLeader(cluster, stream)
+	leaderIdx := streamLeader(cluster, stream)
 	victim, other := leaderIdx, (leaderIdx+1)%len(cluster.Nodes)
 	if !leader {
 		victim, other = (leaderIdx+1)%len(cluster.Nodes), leaderIdx
@@ -574,14 +574,14 @@ func fltClusterNodeKilled(t *testing.T, leader bool) {
 	}
 	var clients []*adapter.Client
 	for _, first := range []int{victim, victim, other} { // publisher, receiver, receiver
-		c, err := adapter.NewClient(fltConnect(t, urls(first)), project, opts...)
+		c, err := adapter.NewClient(connectCluster(t, urls(first)), project, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		clients = append(clients, c)
 	}
 
-	l := newFltLoad(ctx, clients[0].Topic("replicated"), "sub", 20, 50*time.Millisecond, 3)
+	l := newKeyLoad(ctx, clients[0].Topic("replicated"), "sub", 20, 50*time.Millisecond, 3)
 	var receivers []*receiving
 	for _, c := range clients[1:] {
 		receivers = append(receivers, startReceive(t, c.Subscription("sub"), l.handle))
@@ -599,17 +599,17 @@ func fltClusterNodeKilled(t *testing.T, leader bool) {
 	l.fault()
 	cluster.StopNode(victim)
 	killedAt := time.Now()
-	testutil.Eventually(t, 30*time.Second, func() bool { return fltLeader(cluster, stream) >= 0 },
+	testutil.Eventually(t, 30*time.Second, func() bool { return streamLeader(cluster, stream) >= 0 },
 		"stream %s: no leader on the nodes left", stream)
 	t.Logf("node stopped in %v; stream leader %s %v after the stop began",
-		killedAt.Sub(l.faultAt).Round(time.Millisecond), cluster.Nodes[fltLeader(cluster, stream)].Name(), time.Since(l.faultAt).Round(time.Millisecond))
+		killedAt.Sub(l.faultAt).Round(time.Millisecond), cluster.Nodes[streamLeader(cluster, stream)].Name(), time.Since(l.faultAt).Round(time.Millisecond))
 	testutil.Eventually(t, 60*time.Second, func() bool { return l.deliveredSince(killedAt) >= 40 },
 		"with a node down: every key delivered 40 more times (fewest: %d)", func() int { return l.deliveredSince(killedAt) })
 	restarting := time.Now()
 	if err := cluster.RestartNode(victim); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 60*time.Second, func() bool { return fltStreamCurrent(cluster, stream) },
+	testutil.Eventually(t, 60*time.Second, func() bool { return streamCurrent(cluster, stream) },
 		"stream replicas current again after the restart")
 	l.healed()
 	t.Logf("warm-up %v, down %v, restart until every replica current %v",
@@ -627,8 +627,8 @@ func fltClusterNodeKilled(t *testing.T, leader bool) {
 	}
 }
 
-// fltLeader is the index of the node leading stream, -1 if none does.
-func fltLeader(c *embedded.Cluster, stream string) int {
+// streamLeader is the index of the node leading stream, -1 if none does.
+func streamLeader(c *embedded.Cluster, stream string) int {
 	for i, n := range c.Nodes {
 		if n != nil && n.JetStreamIsStreamLeader(server.DEFAULT_GLOBAL_ACCOUNT, stream) {
 			return i
@@ -637,10 +637,10 @@ func fltLeader(c *embedded.Cluster, stream string) int {
 	return -1
 }
 
-// fltStreamCurrent reports whether stream has a leader and is current on
+// streamCurrent reports whether stream has a leader and is current on
 // every node: all three replicas hold everything.
-func fltStreamCurrent(c *embedded.Cluster, stream string) bool {
-	if fltLeader(c, stream) < 0 {
+func streamCurrent(c *embedded.Cluster, stream string) bool {
+	if streamLeader(c, stream) < 0 {
 		return false
 	}
 	for _, n := range c.Nodes {

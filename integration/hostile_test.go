@@ -23,7 +23,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -31,6 +30,7 @@ import (
 
 	"github.com/jetorder/jetorder/internal/embedded"
 	"github.com/jetorder/jetorder/internal/httpapi"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
@@ -41,52 +41,28 @@ import (
 // hold more than its bounds. Each is refused with a status that says what
 // is wrong, and nothing is stored.
 
-// hostileRawCodec sends and receives messages as the bytes they are, so a
+// rawCodec sends and receives messages as the bytes they are, so a
 // test can put anything on the wire. It is named "proto" so the server
 // decodes with its protobuf codec.
-type hostileRawCodec struct{}
+type rawCodec struct{}
 
-func (hostileRawCodec) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
-func (hostileRawCodec) Unmarshal(data []byte, v any) error {
+func (rawCodec) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
 	*v.(*[]byte) = bytes.Clone(data)
 	return nil
 }
-func (hostileRawCodec) Name() string { return "proto" }
+func (rawCodec) Name() string { return "proto" }
 
-// hostileConn is a gRPC connection to the sidecar that accepts responses of
-// up to 32 MiB.
-func hostileConn(t *testing.T, sc *sidecarProc) *grpc.ClientConn {
-	t.Helper()
-	conn, err := grpc.NewClient(sc.at.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(32<<20)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
-}
+// largeResponses lets a gRPC connection accept responses of up to 32 MiB.
+var largeResponses = grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(32 << 20))
 
-// hostileSetup starts a sidecar with topic "hostile" and an ordered
-// subscription "hostile-sub" of it.
-func hostileSetup(t *testing.T, cfg sidecar.Config) (*sidecarProc, jetstream.JetStream, pb.PublisherClient, pb.SubscriberClient) {
+// startHostile starts a sidecar with topic "hostile" and an ordered
+// subscription "hostile-sub" of it, and clients of it that accept large
+// responses.
+func startHostile(t *testing.T, cfg sidecar.Config) (*itest.Sidecar, pb.PublisherClient, pb.SubscriberClient) {
 	t.Helper()
-	sc, js := injSidecar(t, cfg)
-	pubc, subc := hostileClients(t, sc)
-	return sc, js, pubc, subc
-}
-
-// hostileSetupOn is hostileSetup on the NATS server cfg names.
-func hostileSetupOn(t *testing.T, cfg sidecar.Config) (*sidecarProc, pb.PublisherClient, pb.SubscriberClient) {
-	t.Helper()
-	sc := startSidecar(t, cfg)
-	pubc, subc := hostileClients(t, sc)
-	return sc, pubc, subc
-}
-
-func hostileClients(t *testing.T, sc *sidecarProc) (pb.PublisherClient, pb.SubscriberClient) {
-	t.Helper()
-	conn := hostileConn(t, sc)
-	pubc, subc := pb.NewPublisherClient(conn), pb.NewSubscriberClient(conn)
+	sc := itest.Start(t, cfg)
+	pubc, subc := sc.RawClients(largeResponses)
 	if _, err := pubc.CreateTopic(context.Background(), &pb.Topic{Name: topicPath("hostile")}); err != nil {
 		t.Fatal(err)
 	}
@@ -94,20 +70,20 @@ func hostileClients(t *testing.T, sc *sidecarProc) (pb.PublisherClient, pb.Subsc
 		EnableMessageOrdering: true, AckDeadlineSeconds: 60}); err != nil {
 		t.Fatal(err)
 	}
-	return pubc, subc
+	return sc, pubc, subc
 }
 
-// hostileAssertStatus fails unless err has code and its message contains
+// wantStatus fails unless err has code and its message contains
 // text.
-func hostileAssertStatus(t *testing.T, what string, err error, code codes.Code, text string) {
+func wantStatus(t *testing.T, what string, err error, code codes.Code, text string) {
 	t.Helper()
 	if status.Code(err) != code || !strings.Contains(status.Convert(err).Message(), text) {
 		t.Errorf("%s: got %v, want %v containing %q", what, err, code, text)
 	}
 }
 
-// hostileTopicCount is the number of topics in the test project.
-func hostileTopicCount(t *testing.T, pubc pb.PublisherClient) int {
+// topicCount is the number of topics in the test project.
+func topicCount(t *testing.T, pubc pb.PublisherClient) int {
 	t.Helper()
 	resp, err := pubc.ListTopics(context.Background(), &pb.ListTopicsRequest{Project: "projects/" + project})
 	if err != nil {
@@ -123,10 +99,11 @@ func hostileTopicCount(t *testing.T, pubc pb.PublisherClient) int {
 // is a request missing its topic, messages or ack ids, refused with
 // INVALID_ARGUMENT. Nothing is stored or created.
 func TestHostileGRPCGarbageBytes(t *testing.T) {
-	sc, js, pubc, subc := hostileSetup(t, sidecar.Config{})
-	conn := hostileConn(t, sc)
+	sc, pubc, subc := startHostile(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
+	conn := sc.Conn(largeResponses)
 	ctx := context.Background()
-	topicsBefore := hostileTopicCount(t, pubc)
+	topicsBefore := topicCount(t, pubc)
 
 	valid := func(m proto.Message) []byte {
 		b, err := proto.Marshal(m)
@@ -182,14 +159,14 @@ func TestHostileGRPCGarbageBytes(t *testing.T) {
 	decoding, refused := 0, 0
 	for _, c := range calls {
 		var out []byte
-		err := conn.Invoke(ctx, c.method, &c.body, &out, grpc.ForceCodec(hostileRawCodec{}))
+		err := conn.Invoke(ctx, c.method, &c.body, &out, grpc.ForceCodec(rawCodec{}))
 		what := fmt.Sprintf("%s with %q", c.method, c.body)
 		if perr := proto.Unmarshal(c.body, c.into); perr != nil {
 			refused++
-			hostileAssertStatus(t, what, err, codes.Internal, "grpc: failed to unmarshal the received message")
+			wantStatus(t, what, err, codes.Internal, "grpc: failed to unmarshal the received message")
 		} else {
 			decoding++
-			hostileAssertStatus(t, what, err, codes.InvalidArgument, "")
+			wantStatus(t, what, err, codes.InvalidArgument, "")
 		}
 	}
 	t.Logf("%d requests refused as undecodable, %d decoded and refused as invalid", refused, decoding)
@@ -197,7 +174,7 @@ func TestHostileGRPCGarbageBytes(t *testing.T) {
 	// StreamingPull: garbage as the first request, and after a valid one.
 	desc := &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
 	for _, first := range [][]byte{{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f}, str(nil, 1, subPath("hostile-sub\xff"))} {
-		s, err := conn.NewStream(ctx, desc, "/google.pubsub.v1.Subscriber/StreamingPull", grpc.ForceCodec(hostileRawCodec{}))
+		s, err := conn.NewStream(ctx, desc, "/google.pubsub.v1.Subscriber/StreamingPull", grpc.ForceCodec(rawCodec{}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,9 +182,9 @@ func TestHostileGRPCGarbageBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 		var out []byte
-		hostileAssertStatus(t, fmt.Sprintf("StreamingPull first request %q", first), s.RecvMsg(&out), codes.Internal, "grpc: failed to unmarshal the received message")
+		wantStatus(t, fmt.Sprintf("StreamingPull first request %q", first), s.RecvMsg(&out), codes.Internal, "grpc: failed to unmarshal the received message")
 	}
-	s, err := conn.NewStream(ctx, desc, "/google.pubsub.v1.Subscriber/StreamingPull", grpc.ForceCodec(hostileRawCodec{}))
+	s, err := conn.NewStream(ctx, desc, "/google.pubsub.v1.Subscriber/StreamingPull", grpc.ForceCodec(rawCodec{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,10 +200,10 @@ func TestHostileGRPCGarbageBytes(t *testing.T) {
 	if err := s.SendMsg(&garbage); err != nil {
 		t.Fatal(err)
 	}
-	hostileAssertStatus(t, "StreamingPull garbage second request", s.RecvMsg(&out), codes.Internal, "grpc: failed to unmarshal the received message")
+	wantStatus(t, "StreamingPull garbage second request", s.RecvMsg(&out), codes.Internal, "grpc: failed to unmarshal the received message")
 
-	injAssertStored(t, js, project, "hostile", 0)
-	if got := hostileTopicCount(t, pubc); got != topicsBefore {
+	assertStored(t, js, project, "hostile", 0)
+	if got := topicCount(t, pubc); got != topicsBefore {
 		t.Fatalf("%d topics after garbage requests, %d before", got, topicsBefore)
 	}
 	if subs, err := subc.ListSubscriptions(ctx, &pb.ListSubscriptionsRequest{Project: "projects/" + project}); err != nil || len(subs.GetSubscriptions()) != 1 {
@@ -234,10 +211,10 @@ func TestHostileGRPCGarbageBytes(t *testing.T) {
 	}
 }
 
-// hostileFrame sends frame as the whole body of one gRPC call on its own
+// sendFrame sends frame as the whole body of one gRPC call on its own
 // HTTP/2 stream and returns the grpc-status and grpc-message the server
 // answers with.
-func hostileFrame(t *testing.T, addr, method string, frame []byte) (codes.Code, string) {
+func sendFrame(t *testing.T, addr, method string, frame []byte) (codes.Code, string) {
 	t.Helper()
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetUnencryptedHTTP2(true) // prior knowledge, as gRPC does
@@ -273,8 +250,8 @@ func hostileFrame(t *testing.T, addr, method string, frame []byte) (codes.Code, 
 	return codes.Code(code), msg
 }
 
-// hostilePrefixed is body after a gRPC message prefix: flag, then length.
-func hostilePrefixed(flag byte, length int, body []byte) []byte {
+// lengthPrefixed is body after a gRPC message prefix: flag, then length.
+func lengthPrefixed(flag byte, length int, body []byte) []byte {
 	return append(binary.BigEndian.AppendUint32([]byte{flag}, uint32(length)), body...)
 }
 
@@ -285,7 +262,8 @@ func hostilePrefixed(flag byte, length int, body []byte) []byte {
 // encoding, an unknown flag. Each gets the status grpc-go gives, and
 // nothing is stored; the same request framed right is published.
 func TestHostileGRPCTruncatedFrames(t *testing.T) {
-	sc, js, _, _ := hostileSetup(t, sidecar.Config{})
+	sc, _, _ := startHostile(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
 	publish, err := proto.Marshal(&pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: []byte("payload"), OrderingKey: "k"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -297,32 +275,33 @@ func TestHostileGRPCTruncatedFrames(t *testing.T) {
 		code  codes.Code
 		msg   string
 	}{
-		{"body shorter than its prefix says", hostilePrefixed(0, len(publish), publish[:len(publish)-3]), codes.Internal, "unexpected EOF"},
-		{"prefix says one byte more", hostilePrefixed(0, len(publish)+1, publish), codes.Internal, "unexpected EOF"},
+		{"body shorter than its prefix says", lengthPrefixed(0, len(publish), publish[:len(publish)-3]), codes.Internal, "unexpected EOF"},
+		{"prefix says one byte more", lengthPrefixed(0, len(publish)+1, publish), codes.Internal, "unexpected EOF"},
 		{"prefix cut short", []byte{0, 0, 0}, codes.Internal, "unexpected EOF"},
-		{"over the 12 MiB limit, nothing sent", hostilePrefixed(0, 1<<30, nil), codes.ResourceExhausted, "grpc: received message larger than max (1073741824 vs. 12582912)"},
-		{"just over the 12 MiB limit", hostilePrefixed(0, 12<<20+1, publish), codes.ResourceExhausted, "grpc: received message larger than max (12582913 vs. 12582912)"},
-		{"compressed without an encoding", hostilePrefixed(1, len(publish), publish), codes.Internal, "grpc: compressed flag set with identity or empty encoding"},
-		{"a flag that is not 0 or 1", hostilePrefixed(7, len(publish), publish), codes.Internal, "grpc: received unexpected payload format 7"},
+		{"over the 12 MiB limit, nothing sent", lengthPrefixed(0, 1<<30, nil), codes.ResourceExhausted, "grpc: received message larger than max (1073741824 vs. 12582912)"},
+		{"just over the 12 MiB limit", lengthPrefixed(0, 12<<20+1, publish), codes.ResourceExhausted, "grpc: received message larger than max (12582913 vs. 12582912)"},
+		{"compressed without an encoding", lengthPrefixed(1, len(publish), publish), codes.Internal, "grpc: compressed flag set with identity or empty encoding"},
+		{"a flag that is not 0 or 1", lengthPrefixed(7, len(publish), publish), codes.Internal, "grpc: received unexpected payload format 7"},
 	} {
-		if code, msg := hostileFrame(t, sc.at.GRPC, method, tc.frame); code != tc.code || msg != tc.msg {
+		if code, msg := sendFrame(t, sc.GRPC, method, tc.frame); code != tc.code || msg != tc.msg {
 			t.Errorf("%s: %v %q, want %v %q", tc.name, code, msg, tc.code, tc.msg)
 		}
 	}
-	injAssertStored(t, js, project, "hostile", 0)
-	if code, msg := hostileFrame(t, sc.at.GRPC, method, hostilePrefixed(0, len(publish), publish)); code != codes.OK {
+	assertStored(t, js, project, "hostile", 0)
+	if code, msg := sendFrame(t, sc.GRPC, method, lengthPrefixed(0, len(publish), publish)); code != codes.OK {
 		t.Fatalf("the request framed right: %v %q", code, msg)
 	}
-	injAssertStored(t, js, project, "hostile", 1)
+	assertStored(t, js, project, "hostile", 1)
 }
 
 // Requests that decode but break a rule, beyond TestSidecarBadRequests:
 // names, keys, sizes, counts, deadlines and ack ids. Each gets its status
 // and message; none stores or creates anything.
 func TestHostileGRPCRequests(t *testing.T) {
-	_, js, pubc, subc := hostileSetup(t, sidecar.Config{})
+	sc, pubc, subc := startHostile(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
 	ctx := context.Background()
-	topicsBefore := hostileTopicCount(t, pubc)
+	topicsBefore := topicCount(t, pubc)
 	msg := func(data string) *pb.PubsubMessage { return &pb.PubsubMessage{Data: []byte(data)} }
 	pub := func(msgs ...*pb.PubsubMessage) error {
 		_, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: msgs})
@@ -462,11 +441,11 @@ func TestHostileGRPCRequests(t *testing.T) {
 			codes.InvalidArgument, "invalid subscription name"},
 	}
 	for _, tc := range cases {
-		hostileAssertStatus(t, tc.name, tc.err, tc.code, tc.text)
+		wantStatus(t, tc.name, tc.err, tc.code, tc.text)
 	}
 
-	injAssertStored(t, js, project, "hostile", 0)
-	if got := hostileTopicCount(t, pubc); got != topicsBefore {
+	assertStored(t, js, project, "hostile", 0)
+	if got := topicCount(t, pubc); got != topicsBefore {
 		t.Fatalf("%d topics after refused requests, %d before", got, topicsBefore)
 	}
 	for _, s := range []string{"hostile-dl", "hostile-neg"} {
@@ -491,7 +470,7 @@ func TestHostileMessageSizes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	sc, pubc, subc := hostileSetupOn(t, sidecar.Config{NATSURL: srv.ClientURL()})
+	sc, pubc, subc := startHostile(t, sidecar.Config{NATSURL: srv.ClientURL()})
 	js, err := jetstream.New(testutil.Connect(t, srv.ClientURL()))
 	if err != nil {
 		t.Fatal(err)
@@ -502,21 +481,21 @@ func TestHostileMessageSizes(t *testing.T) {
 	if _, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: big, OrderingKey: "big"}}}); err != nil {
 		t.Fatalf("gRPC publish of 5 MB: %v", err)
 	}
-	body := fmt.Sprintf(`{"messages":[{"data":%q,"orderingKey":"big"}]}`, injB64(big[:4_000_000]))
-	if code, msg := injPostJSON(t, "http://"+sc.at.HTTP+"/v1/projects/"+project+"/topics/hostile:publish", body); code != http.StatusOK {
+	body := fmt.Sprintf(`{"messages":[{"data":%q,"orderingKey":"big"}]}`, b64(big[:4_000_000]))
+	if code, msg := postJSON(t, "http://"+sc.HTTP+"/v1/projects/"+project+"/topics/hostile:publish", body); code != http.StatusOK {
 		t.Fatalf("HTTP publish of 4 MB (a %d-byte body): %d %s", len(body), code, msg)
 	}
 
 	half := make([]byte, 6<<20+512<<10) // two: 13 MiB, over the gRPC limit
 	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: half}, {Data: half}}})
-	hostileAssertStatus(t, "13 MiB request", err, codes.ResourceExhausted, "grpc: received message larger than max")
+	wantStatus(t, "13 MiB request", err, codes.ResourceExhausted, "grpc: received message larger than max")
 	third := make([]byte, 3584<<10)
 	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: third}, {Data: third}, {Data: third}}})
-	hostileAssertStatus(t, "10.5 MiB request", err, codes.InvalidArgument, "the request is larger than 10485760 bytes")
+	wantStatus(t, "10.5 MiB request", err, codes.InvalidArgument, "the request is larger than 10485760 bytes")
 	// 8 MiB of max_payload, less 512 bytes kept for the identity headers.
 	const limit = "exceeds the server's limit of 8388096 bytes"
 	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{{Data: make([]byte, 8<<20-400)}}})
-	hostileAssertStatus(t, "a message over max_payload", err, codes.InvalidArgument, limit)
+	wantStatus(t, "a message over max_payload", err, codes.InvalidArgument, limit)
 	// Data within the limit, but attributes that take three bytes a byte
 	// in headers push the whole message over max_payload. The request's
 	// first message is fine, and is not stored either.
@@ -526,8 +505,8 @@ func TestHostileMessageSizes(t *testing.T) {
 	}
 	_, err = pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: []*pb.PubsubMessage{
 		{Data: []byte("fine"), OrderingKey: "big"}, {Data: make([]byte, 8<<20-16<<10), Attributes: escaped, OrderingKey: "big"}}})
-	hostileAssertStatus(t, "data and headers over max_payload", err, codes.InvalidArgument, "messages[1]: invalid message: message of ")
-	req, err := http.NewRequest(http.MethodPost, "http://"+sc.at.HTTP+"/v1/projects/"+project+"/topics/hostile/events", bytes.NewReader(make([]byte, 8<<20-16<<10)))
+	wantStatus(t, "data and headers over max_payload", err, codes.InvalidArgument, "messages[1]: invalid message: message of ")
+	req, err := http.NewRequest(http.MethodPost, "http://"+sc.HTTP+"/v1/projects/"+project+"/topics/hostile/events", bytes.NewReader(make([]byte, 8<<20-16<<10)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,7 +516,7 @@ func TestHostileMessageSizes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if msg := injErrorMessage(t, resp); resp.StatusCode != http.StatusBadRequest || !strings.Contains(msg, limit) {
+	if msg := errorMessage(t, resp); resp.StatusCode != http.StatusBadRequest || !strings.Contains(msg, limit) {
 		t.Errorf("HTTP event with data and headers over max_payload: %d %q", resp.StatusCode, msg)
 	}
 	resp.Body.Close()
@@ -563,15 +542,15 @@ func TestHostileMessageSizes(t *testing.T) {
 	if m := rs.next(); string(m.GetMessage().GetData()) != "after" {
 		t.Fatalf("third delivery: %d bytes, want the message published after the refusals", len(m.GetMessage().GetData()))
 	}
-	injAssertStored(t, js, project, "hostile", 3)
+	assertStored(t, js, project, "hostile", 3)
 }
 
-// hostileMetric polls /metrics until the series of name, summed over
+// waitMetric polls /metrics until the series of name, summed over
 // their labels, come to want.
-func hostileMetric(t *testing.T, sc *sidecarProc, name string, want int) {
+func waitMetric(t *testing.T, sc *itest.Sidecar, name string, want int) {
 	t.Helper()
 	testutil.Eventually(t, 15*time.Second, func() bool {
-		m, err := testutil.ScrapeErr("http://" + sc.at.HTTP + "/metrics")
+		m, err := testutil.ScrapeErr("http://" + sc.HTTP + "/metrics")
 		return err == nil && m.Sum(name) == float64(want)
 	}, "metric %s never %d", name, want)
 }
@@ -584,7 +563,7 @@ func hostileMetric(t *testing.T, sc *sidecarProc, name string, want int) {
 // --max-outstanding-messages bounds what one subscription makes the
 // sidecar hold, whatever the client asks for.
 func TestHostileStreamingPullBounds(t *testing.T) {
-	sc, _, pubc, subc := hostileSetup(t, sidecar.Config{MaxStreams: 2, MaxOutstandingMessages: 4})
+	sc, pubc, subc := startHostile(t, sidecar.Config{MaxStreams: 2, MaxOutstandingMessages: 4})
 	ctx := context.Background()
 
 	// Two streams that never send anything fill the limit.
@@ -597,7 +576,7 @@ func TestHostileStreamingPullBounds(t *testing.T) {
 		}
 		idle = append(idle, cancel)
 	}
-	hostileMetric(t, sc, "jetorder_streaming_pull_streams", 2)
+	waitMetric(t, sc, "jetorder_streaming_pull_streams", 2)
 	// The refusal may end the stream before its first request is sent:
 	// Send then fails with io.EOF, and Recv has the status.
 	third, cancelThird := context.WithTimeout(ctx, 15*time.Second)
@@ -609,9 +588,9 @@ func TestHostileStreamingPullBounds(t *testing.T) {
 	if err == nil || errors.Is(err, io.EOF) {
 		_, err = stream.Recv()
 	}
-	hostileAssertStatus(t, "a third stream", err, codes.ResourceExhausted, "too many StreamingPull streams (at most 2)")
+	wantStatus(t, "a third stream", err, codes.ResourceExhausted, "too many StreamingPull streams (at most 2)")
 	idle[0]()
-	hostileMetric(t, sc, "jetorder_streaming_pull_streams", 1)
+	waitMetric(t, sc, "jetorder_streaming_pull_streams", 1)
 
 	// Per stream: 1000-byte messages (1036 with the id) against 2500
 	// bytes: three are handed out, the third crossing the bound.
@@ -665,7 +644,7 @@ func TestHostileStreamingPullBounds(t *testing.T) {
 	if _, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("hostile"), Messages: msgs}); err != nil {
 		t.Fatal(err)
 	}
-	hostileMetric(t, sc, "jetorder_streaming_pull_streams", 0)
+	waitMetric(t, sc, "jetorder_streaming_pull_streams", 0)
 	greedy := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("hostile-sub"), StreamAckDeadlineSeconds: 60})
 	held = nil
 	for range 4 {
@@ -683,9 +662,9 @@ func TestHostileStreamingPullBounds(t *testing.T) {
 	greedy.quiet(300*time.Millisecond, "more than 4 held after acking 2")
 }
 
-// hostileRawHTTP writes req on a new connection, closes the writing side
+// rawHTTP writes req on a new connection, closes the writing side
 // and returns the answer's status and error message.
-func hostileRawHTTP(t *testing.T, addr, req string) (int, string) {
+func rawHTTP(t *testing.T, addr, req string) (int, string) {
 	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -704,7 +683,7 @@ func hostileRawHTTP(t *testing.T, addr, req string) (int, string) {
 		t.Fatalf("no answer to %.80q: %v", req, err)
 	}
 	defer resp.Body.Close()
-	return resp.StatusCode, injErrorMessage(t, resp)
+	return resp.StatusCode, errorMessage(t, resp)
 }
 
 // Truncated HTTP bodies: every prefix of a publish request and of a
@@ -712,11 +691,12 @@ func hostileRawHTTP(t *testing.T, addr, req string) (int, string) {
 // bodies cut off or malformed. Each is answered 400 with what is wrong,
 // and nothing is stored.
 func TestHostileHTTPTruncatedBodies(t *testing.T) {
-	sc, js, _, _ := hostileSetup(t, sidecar.Config{})
-	base := "http://" + sc.at.HTTP + "/v1/projects/" + project + "/topics/hostile"
+	sc, _, _ := startHostile(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
+	base := "http://" + sc.HTTP + "/v1/projects/" + project + "/topics/hostile"
 	publish := `{"messages": [{"data": "eyJhbW91bnQiOjEyMH0=", "attributes": {"origin": "eu-west"}, "orderingKey": "order-7"}, {"data": "c2Vjb25k", "orderingKey": "order-7"}]}`
 	for n := range len(publish) {
-		code, msg := injPostJSON(t, base+":publish", publish[:n])
+		code, msg := postJSON(t, base+":publish", publish[:n])
 		want := "invalid JSON: unexpected end of input"
 		if n == 0 {
 			want = "request body is empty"
@@ -731,7 +711,7 @@ func TestHostileHTTPTruncatedBodies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		msg := injErrorMessage(t, resp)
+		msg := errorMessage(t, resp)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusBadRequest || !strings.HasPrefix(msg, "invalid CloudEvent: ") {
 			t.Fatalf("event body cut at %d (%q): %d %q, want 400 invalid CloudEvent", n, event[:n], resp.StatusCode, msg)
@@ -757,12 +737,12 @@ func TestHostileHTTPTruncatedBodies(t *testing.T) {
 		{"chunk size not hex", head(":publish", "application/json", "Transfer-Encoding: chunked\r\n") + "zz\r\n" + publish,
 			"reading the request body: "},
 	} {
-		code, msg := hostileRawHTTP(t, sc.at.HTTP, tc.req)
+		code, msg := rawHTTP(t, sc.HTTP, tc.req)
 		if code != http.StatusBadRequest || !strings.Contains(msg, tc.msg) {
 			t.Errorf("%s: %d %q, want 400 %q", tc.name, code, msg, tc.msg)
 		}
 	}
-	injAssertStored(t, js, project, "hostile", 0)
+	assertStored(t, js, project, "hostile", 0)
 }
 
 // HTTP bounds: bodies over the 10 MiB limit, by Content-Length (refused
@@ -773,8 +753,9 @@ func TestHostileHTTPTruncatedBodies(t *testing.T) {
 // declare 10 MiB, with the handlers already reading, grow its heap by far
 // less than 160 MiB.
 func TestHostileHTTPBounds(t *testing.T) {
-	sc, js, _, _ := hostileSetup(t, sidecar.Config{})
-	base := "http://" + sc.at.HTTP + "/v1/projects/" + project + "/topics/"
+	sc, _, _ := startHostile(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
+	base := "http://" + sc.HTTP + "/v1/projects/" + project + "/topics/"
 	limit := httpapi.DefaultMaxBodyBytes
 	over := fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", limit+1, limit)
 	for _, tc := range []struct {
@@ -787,12 +768,12 @@ func TestHostileHTTPBounds(t *testing.T) {
 		{"event by Content-Length", fmt.Sprintf("POST /v1/projects/%s/topics/hostile/events HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nCe-Specversion: 1.0\r\nCe-Id: 1\r\nCe-Source: /s\r\nCe-Type: t\r\nContent-Length: %d\r\n\r\n", project, limit+1),
 			413, over},
 	} {
-		if code, msg := hostileRawHTTP(t, sc.at.HTTP, tc.req); code != tc.code || msg != tc.msg {
+		if code, msg := rawHTTP(t, sc.HTTP, tc.req); code != tc.code || msg != tc.msg {
 			t.Errorf("%s: %d %q, want %d %q", tc.name, code, msg, tc.code, tc.msg)
 		}
 	}
 	streamed := func(path string, header http.Header, prefix string) (int, string) {
-		body := io.MultiReader(strings.NewReader(prefix), io.LimitReader(hostileZeros{}, int64(limit)+1)) // no length: chunked
+		body := io.MultiReader(strings.NewReader(prefix), io.LimitReader(zeroReader{}, int64(limit)+1)) // no length: chunked
 		req, err := http.NewRequest(http.MethodPost, base+path, body)
 		if err != nil {
 			t.Fatal(err)
@@ -803,7 +784,7 @@ func TestHostileHTTPBounds(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		return resp.StatusCode, injErrorMessage(t, resp)
+		return resp.StatusCode, errorMessage(t, resp)
 	}
 	tooLarge := fmt.Sprintf("request body exceeds the limit of %d bytes", limit)
 	if code, msg := streamed("hostile:publish", http.Header{"Content-Type": {"application/json"}}, `{"messages":[{"data":"`); code != 413 || msg != tooLarge {
@@ -829,13 +810,13 @@ func TestHostileHTTPBounds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		msg := injErrorMessage(t, resp)
+		msg := errorMessage(t, resp)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(msg, tc.msg) {
 			t.Errorf("%s: %d %q, want 400 %q", tc.name, resp.StatusCode, msg, tc.msg)
 		}
 	}
-	injAssertStored(t, js, project, "hostile", 0)
+	assertStored(t, js, project, "hostile", 0)
 
 	// Announced, not sent: "Expect: 100-continue" makes the server answer
 	// "100 Continue" once the handler reads the body, so the heap is
@@ -845,7 +826,7 @@ func TestHostileHTTPBounds(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for range conns {
-		conn, err := net.Dial("tcp", sc.at.HTTP)
+		conn, err := net.Dial("tcp", sc.HTTP)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -866,10 +847,10 @@ func TestHostileHTTPBounds(t *testing.T) {
 	}
 }
 
-// hostileZeros reads as an endless run of '0' bytes.
-type hostileZeros struct{}
+// zeroReader reads as an endless run of '0' bytes.
+type zeroReader struct{}
 
-func (hostileZeros) Read(p []byte) (int, error) {
+func (zeroReader) Read(p []byte) (int, error) {
 	for i := range p {
 		p[i] = '0'
 	}

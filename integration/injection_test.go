@@ -15,12 +15,12 @@ import (
 	"unicode/utf16"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -34,8 +34,8 @@ import (
 // storing nothing, or kept apart: every key and topic gets exactly its own
 // messages, in order, and never another's.
 
-// injKeys are valid ordering keys, each distinct from every other.
-func injKeys() []string {
+// trickyKeys are valid ordering keys, each distinct from every other.
+func trickyKeys() []string {
 	long := strings.Repeat("a.", keyrouter.MaxKeyBytes/2) // 1024 bytes: hash form
 	return []string{
 		"a", "A", "a.b", "a.*", "a.>", "*", ">", "a.b.>", ".", "..", "a.",
@@ -51,8 +51,8 @@ func injKeys() []string {
 	}
 }
 
-// injRefusedKeys are keys Publish refuses, with the error it gives.
-func injRefusedKeys() map[string]error {
+// refusedKeys are keys Publish refuses, with the error it gives.
+func refusedKeys() map[string]error {
 	return map[string]error{
 		"\xff":                         keyrouter.ErrOrderingKeyNotUTF8,
 		"a.\xc3":                       keyrouter.ErrOrderingKeyNotUTF8,
@@ -62,10 +62,10 @@ func injRefusedKeys() map[string]error {
 	}
 }
 
-// injTopics are topic ids that differ only in characters a naive subject or
+// trickyTopics are topic ids that differ only in characters a naive subject or
 // stream mapping would merge, each with the ordering key it publishes
 // under ("top" with key "ic.x" against "top.ic" with key "x", and so on).
-func injTopics() [][2]string {
+func trickyTopics() [][2]string {
 	return [][2]string{
 		{"top.ic", "x"}, {"top-ic", "x"}, {"top_ic", "x"}, {"top~ic", "x"}, {"top+ic", "x"}, {"top%ic", "x"},
 		{"top%2Eic", "x"}, {"top_2Eic", "x"}, {"top_5F2Eic", "x"}, {"TOP.ic", "x"},
@@ -73,20 +73,20 @@ func injTopics() [][2]string {
 	}
 }
 
-// injRefusedTopics are topic ids CreateTopic refuses.
-var injRefusedTopics = []string{
+// refusedTopics are topic ids CreateTopic refuses.
+var refusedTopics = []string{
 	"a b", "a*b", "ab>", "ab.>", "a\x00b", "a\nb", "a\tb", "a\xffb", "a/b", "a:b", "1ab", "ab", "", "goog-topic", "GOOG.x",
 	"ab\u2024", strings.Repeat("t", 256),
 }
 
-// injReader checks what one subscription delivers. Each payload is
+// keyReader checks what one subscription delivers. Each payload is
 // ordercheck.Encode(label, index); match says whether a label may arrive
 // with an ordering key. With ordering, the ordering checker watches every
 // delivery (unkeyed messages as a set); without, every message must arrive
 // once, in any order. Either way no message may come twice: nothing here
 // nacks or lets a deadline pass, so a second delivery means a message
 // reached a consumer that is not its key's.
-type injReader struct {
+type keyReader struct {
 	sub     string
 	ordered bool
 	match   func(label, key string) bool
@@ -98,16 +98,16 @@ type injReader struct {
 	fails []string
 }
 
-func newInjReader(sub string, ordered bool, match func(label, key string) bool) *injReader {
-	return &injReader{sub: sub, ordered: ordered, match: match, chk: ordercheck.New(), want: map[string]int{}, got: map[string]map[int]int{}}
+func newKeyReader(sub string, ordered bool, match func(label, key string) bool) *keyReader {
+	return &keyReader{sub: sub, ordered: ordered, match: match, chk: ordercheck.New(), want: map[string]int{}, got: map[string]map[int]int{}}
 }
 
-// injSameKey matches a payload labelled with the key it was published under.
-func injSameKey(label, key string) bool { return label == key }
+// sameKey matches a payload labelled with the key it was published under.
+func sameKey(label, key string) bool { return label == key }
 
-func (r *injReader) published(label, key string, i int) {
+func (r *keyReader) published(label, key string, i int) {
 	if r.ordered {
-		r.chk.Published(injCheckerKey(label, key), i)
+		r.chk.Published(checkerKey(label, key), i)
 		return
 	}
 	r.mu.Lock()
@@ -115,8 +115,8 @@ func (r *injReader) published(label, key string, i int) {
 	r.mu.Unlock()
 }
 
-// injCheckerKey: unkeyed messages are the checker's key "".
-func injCheckerKey(label, key string) string {
+// checkerKey: unkeyed messages are the checker's key "".
+func checkerKey(label, key string) string {
 	if key == "" {
 		return ""
 	}
@@ -125,7 +125,7 @@ func injCheckerKey(label, key string) string {
 
 // deliver checks one delivery and returns what to call right before acking
 // it.
-func (r *injReader) deliver(data []byte, key string, attempt int) (acking func()) {
+func (r *keyReader) deliver(data []byte, key string, attempt int) (acking func()) {
 	label, i, err := ordercheck.Decode(data)
 	switch {
 	case err != nil || !r.match(label, key):
@@ -135,7 +135,7 @@ func (r *injReader) deliver(data []byte, key string, attempt int) (acking func()
 		r.fail("%q delivered %d times", data, attempt)
 	}
 	if r.ordered {
-		ck := injCheckerKey(label, key)
+		ck := checkerKey(label, key)
 		r.chk.Delivered(r.sub, ck, i)
 		return func() { r.chk.Acked(r.sub, ck, i) }
 	}
@@ -150,13 +150,13 @@ func (r *injReader) deliver(data []byte, key string, attempt int) (acking func()
 	return func() {}
 }
 
-func (r *injReader) fail(format string, args ...any) {
+func (r *keyReader) fail(format string, args ...any) {
 	r.mu.Lock()
 	r.fails = append(r.fails, fmt.Sprintf(format, args...))
 	r.mu.Unlock()
 }
 
-func (r *injReader) missing() string {
+func (r *keyReader) missing() string {
 	if r.ordered {
 		return r.chk.Missing(r.sub)
 	}
@@ -170,7 +170,7 @@ func (r *injReader) missing() string {
 	return ""
 }
 
-func (r *injReader) failures() []string {
+func (r *keyReader) failures() []string {
 	r.mu.Lock()
 	fails := append([]string(nil), r.fails...)
 	r.mu.Unlock()
@@ -183,9 +183,9 @@ func (r *injReader) failures() []string {
 	return fails
 }
 
-// injAssertReaders waits until every reader has every message, then fails
+// assertReaders waits until every reader has every message, then fails
 // on anything any of them saw wrong.
-func injAssertReaders(t *testing.T, readers ...*injReader) {
+func assertReaders(t *testing.T, readers ...*keyReader) {
 	t.Helper()
 	testutil.Eventually(t, 30*time.Second, func() bool {
 		for _, r := range readers {
@@ -210,9 +210,9 @@ func injAssertReaders(t *testing.T, readers ...*injReader) {
 	}
 }
 
-// injReceive runs a library Receive of r's subscription until the test
+// receiveInto runs a library Receive of r's subscription until the test
 // ends.
-func injReceive(t *testing.T, c *adapter.Client, r *injReader) {
+func receiveInto(t *testing.T, c *adapter.Client, r *keyReader) {
 	t.Helper()
 	startReceive(t, c.Subscription(r.sub), func(_ context.Context, m *adapter.Message) {
 		r.deliver(m.Data, m.OrderingKey, m.DeliveryAttempt)()
@@ -220,9 +220,9 @@ func injReceive(t *testing.T, c *adapter.Client, r *injReader) {
 	})
 }
 
-// injReceiveRaw reads r's subscription through a raw StreamingPull stream,
+// receiveRawInto reads r's subscription through a raw StreamingPull stream,
 // acking each message with Acknowledge, until the test ends.
-func injReceiveRaw(t *testing.T, subc pb.SubscriberClient, r *injReader) {
+func receiveRawInto(t *testing.T, subc pb.SubscriberClient, r *keyReader) {
 	t.Helper()
 	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath(r.sub), StreamAckDeadlineSeconds: 60})
 	go func() {
@@ -245,12 +245,12 @@ func injReceiveRaw(t *testing.T, subc pb.SubscriberClient, r *injReader) {
 	}()
 }
 
-// injAssertSubjects checks what JetStream stored for a topic: per key
+// assertSubjects checks what JetStream stored for a topic: per key
 // exactly n messages, each on its key's own subject, a literal subject of
 // eleven tokens; and every per-key consumer of the subscriptions subs
 // filters on exactly one of those subjects, under the name keyrouter gives
 // that key (a consumer with a wildcard would take other keys' messages).
-func injAssertSubjects(t *testing.T, js jetstream.JetStream, proj, topic string, keys []string, n int, subs ...string) {
+func assertSubjects(t *testing.T, js jetstream.JetStream, proj, topic string, keys []string, n int, subs ...string) {
 	t.Helper()
 	ctx := context.Background()
 	stream, err := js.Stream(ctx, keyrouter.StreamName(proj, topic))
@@ -293,31 +293,31 @@ func injAssertSubjects(t *testing.T, js jetstream.JetStream, proj, topic string,
 	t.Logf("%d per-key consumers checked", perKey)
 }
 
-// The library: every key of injKeys on one topic, published interleaved
+// The library: every key of trickyKeys on one topic, published interleaved
 // with unkeyed messages, reaches an ordered and an unordered subscription
 // exactly once each, in order, with its own key; JetStream holds each key
-// on its own literal subject. The keys of injRefusedKeys are refused with
+// on its own literal subject. The keys of refusedKeys are refused with
 // the key's error and store nothing.
 func TestInjectionKeysLibrary(t *testing.T) {
 	e := newEnv(t)
 	const topicID, per = "inj-keys", 3
 	topic := e.createTopic(topicID)
 	defer topic.Stop()
-	ordered := newInjReader("inj-keys-ordered", true, injSameKey)
-	plain := newInjReader("inj-keys-plain", false, injSameKey)
-	for _, r := range []*injReader{ordered, plain} {
+	ordered := newKeyReader("inj-keys-ordered", true, sameKey)
+	plain := newKeyReader("inj-keys-plain", false, sameKey)
+	for _, r := range []*keyReader{ordered, plain} {
 		e.createSub(r.sub, adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: r.ordered, AckDeadline: time.Minute})
 	}
 	ctx := context.Background()
 
-	for key, want := range injRefusedKeys() {
+	for key, want := range refusedKeys() {
 		_, err := topic.Publish(ctx, &adapter.Message{Data: []byte("x"), OrderingKey: key}).Get(ctx)
 		if !errors.Is(err, want) {
 			t.Fatalf("Publish with key %.40q: %v, want %v", key, err, want)
 		}
 	}
 
-	keys := injKeys()
+	keys := trickyKeys()
 	var results []*adapter.PublishResult
 	for i := range per {
 		for _, k := range append(keys, "") {
@@ -331,17 +331,17 @@ func TestInjectionKeysLibrary(t *testing.T) {
 			t.Fatalf("publish: %v", err)
 		}
 	}
-	injReceive(t, e.client, ordered)
-	injReceive(t, e.client, plain)
-	injAssertReaders(t, ordered, plain)
+	receiveInto(t, e.client, ordered)
+	receiveInto(t, e.client, plain)
+	assertReaders(t, ordered, plain)
 	js := jetstreamOf(t, e)
-	injAssertSubjects(t, js, project, topicID, keys, per, ordered.sub)
-	injAssertStored(t, js, project, topicID, per*(len(keys)+1))
+	assertSubjects(t, js, project, topicID, keys, per, ordered.sub)
+	assertStored(t, js, project, topicID, per*(len(keys)+1))
 }
 
-// injAssertStored fails unless a topic holds exactly n messages: what was
+// assertStored fails unless a topic holds exactly n messages: what was
 // refused stored nothing.
-func injAssertStored(t *testing.T, js jetstream.JetStream, proj, topic string, n int) {
+func assertStored(t *testing.T, js jetstream.JetStream, proj, topic string, n int) {
 	t.Helper()
 	stream, err := js.Stream(context.Background(), keyrouter.StreamName(proj, topic))
 	if err != nil {
@@ -356,45 +356,45 @@ func injAssertStored(t *testing.T, js jetstream.JetStream, proj, topic string, n
 	}
 }
 
-// injNamed is one (project, topic, key) and the subscription reading it.
-type injNamed struct{ project, topic, key, sub string }
+// trickyName is one (project, topic, key) and the subscription reading it.
+type trickyName struct{ project, topic, key, sub string }
 
-func (n injNamed) label() string { return n.project + "/" + n.topic + "/" + n.key }
+func (n trickyName) label() string { return n.project + "/" + n.topic + "/" + n.key }
 
-// injNames are the topics of injTopics in the test project, plus one topic
+// trickyNames are the topics of trickyTopics in the test project, plus one topic
 // id in projects whose ids differ only in '.', '_', '-', ':' and '~'. Each
 // subscription id is the topic id with a prefix, so subscriptions differ
 // in the same characters.
-func injNames(withProjects bool) []injNamed {
-	var ns []injNamed
-	for i, tk := range injTopics() {
-		ns = append(ns, injNamed{project, tk[0], tk[1], "s" + strings.ToLower(tk[0]) + fmt.Sprint(i)})
+func trickyNames(withProjects bool) []trickyName {
+	var ns []trickyName
+	for i, tk := range trickyTopics() {
+		ns = append(ns, trickyName{project, tk[0], tk[1], "s" + strings.ToLower(tk[0]) + fmt.Sprint(i)})
 	}
 	if withProjects {
 		for _, p := range []string{"test.project", "test_project", "test:project", "test~project", "test-project.x"} {
-			ns = append(ns, injNamed{p, "shared.topic", "k", "shared.sub"})
+			ns = append(ns, trickyName{p, "shared.topic", "k", "shared.sub"})
 		}
 	}
 	return ns
 }
 
-// injNamedReaders gives each name an ordered reader that expects every
+// readersByName gives each name an ordered reader that expects every
 // message published to its topic, whatever the key.
-func injNamedReaders(names []injNamed) map[injNamed]*injReader {
-	readers := map[injNamed]*injReader{}
+func readersByName(names []trickyName) map[trickyName]*keyReader {
+	readers := map[trickyName]*keyReader{}
 	for _, n := range names {
 		prefix := n.project + "/" + n.topic + "/"
 		name := n.sub
 		if n.project != project {
 			name = n.project + "/" + n.sub
 		}
-		readers[n] = newInjReader(name, true, func(label, key string) bool { return label == prefix+key })
+		readers[n] = newKeyReader(name, true, func(label, key string) bool { return label == prefix+key })
 	}
 	return readers
 }
 
-// injPublished records message i of n with every reader of n's topic.
-func injPublished(readers map[injNamed]*injReader, n injNamed, i int) {
+// markPublished records message i of n with every reader of n's topic.
+func markPublished(readers map[trickyName]*keyReader, n trickyName, i int) {
 	for reader, r := range readers {
 		if reader.project == n.project && reader.topic == n.topic {
 			r.published(n.label(), n.key, i)
@@ -402,7 +402,7 @@ func injPublished(readers map[injNamed]*injReader, n injNamed, i int) {
 	}
 }
 
-func injValues[K comparable, V any](m map[K]V) []V {
+func mapValues[K comparable, V any](m map[K]V) []V {
 	vs := make([]V, 0, len(m))
 	for _, v := range m {
 		vs = append(vs, v)
@@ -418,9 +418,9 @@ func TestInjectionNamesLibrary(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	js := jetstreamOf(t, e)
-	streamsBefore := injStreamCount(t, js)
+	streamsBefore := streamCount(t, js)
 
-	for _, id := range injRefusedTopics {
+	for _, id := range refusedTopics {
 		if _, err := e.client.CreateTopic(ctx, id); !errors.Is(err, keyrouter.ErrInvalidTopicID) {
 			t.Fatalf("CreateTopic(%q): %v, want ErrInvalidTopicID", id, err)
 		}
@@ -433,13 +433,13 @@ func TestInjectionNamesLibrary(t *testing.T) {
 			t.Fatalf("NewClient(%q): %v, want ErrInvalidProjectID", p, err)
 		}
 	}
-	if got := injStreamCount(t, js); got != streamsBefore {
+	if got := streamCount(t, js); got != streamsBefore {
 		t.Fatalf("%d streams after refused names, %d before", got, streamsBefore)
 	}
 
 	clients := map[string]*adapter.Client{project: e.client}
 	topics := map[string]*adapter.Topic{}
-	names := injNames(true)
+	names := trickyNames(true)
 	for _, n := range names {
 		c := clients[n.project]
 		if c == nil {
@@ -464,12 +464,12 @@ func TestInjectionNamesLibrary(t *testing.T) {
 	}
 
 	const per = 3
-	readers := injNamedReaders(names)
+	readers := readersByName(names)
 	var results []*adapter.PublishResult
 	for i := range per {
 		for _, n := range names {
 			results = append(results, topics[n.project+"/"+n.topic].Publish(ctx, &adapter.Message{Data: ordercheck.Encode(n.label(), i), OrderingKey: n.key}))
-			injPublished(readers, n, i)
+			markPublished(readers, n, i)
 		}
 	}
 	for _, r := range results {
@@ -483,15 +483,15 @@ func TestInjectionNamesLibrary(t *testing.T) {
 			m.Ack()
 		})
 	}
-	injAssertReaders(t, injValues(readers)...)
-	if got := injStreamCount(t, js); got != streamsBefore+len(topics) {
+	assertReaders(t, mapValues(readers)...)
+	if got := streamCount(t, js); got != streamsBefore+len(topics) {
 		t.Fatalf("%d streams for %d topics", got-streamsBefore, len(topics))
 	}
 }
 
-// injStreamCount counts the topic streams (the KV buckets' streams are
+// streamCount counts the topic streams (the KV buckets' streams are
 // KV_...).
-func injStreamCount(t *testing.T, js jetstream.JetStream) int {
+func streamCount(t *testing.T, js jetstream.JetStream) int {
 	t.Helper()
 	n := 0
 	names := js.StreamNames(context.Background())
@@ -506,40 +506,23 @@ func injStreamCount(t *testing.T, js jetstream.JetStream) int {
 	return n
 }
 
-// injSidecar starts a sidecar whose embedded server also listens for NATS
-// clients, so the test can look at what JetStream stored.
-func injSidecar(t *testing.T, cfg sidecar.Config) (*sidecarProc, jetstream.JetStream) {
-	t.Helper()
-	cfg.NATSListen = "127.0.0.1:0"
-	sc := startSidecar(t, cfg)
-	nc, err := nats.Connect(sc.at.NATS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sc, js
-}
-
-// The sidecar: every key of injKeys reaches an ordered and an unordered
+// The sidecar: every key of trickyKeys reaches an ordered and an unordered
 // subscription exactly once, in order, through StreamingPull, published in
 // rounds alternately through the gRPC and the HTTP API (so both map a key
 // to the same subject). Keys the APIs refuse store nothing, including JSON
 // escapes that encoding/json would have turned into U+FFFD, merging keys.
 func TestInjectionKeysSidecar(t *testing.T) {
-	sc, js := injSidecar(t, sidecar.Config{})
-	pubc, subc := sc.rawClient()
+	sc := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
+	pubc, subc := sc.RawClients()
 	ctx := context.Background()
 	const topicID, per = "inj-keys", 4
 	if _, err := pubc.CreateTopic(ctx, &pb.Topic{Name: topicPath(topicID)}); err != nil {
 		t.Fatal(err)
 	}
-	ordered := newInjReader("inj-keys-ordered", true, injSameKey)
-	plain := newInjReader("inj-keys-plain", false, injSameKey)
-	for _, r := range []*injReader{ordered, plain} {
+	ordered := newKeyReader("inj-keys-ordered", true, sameKey)
+	plain := newKeyReader("inj-keys-plain", false, sameKey)
+	for _, r := range []*keyReader{ordered, plain} {
 		if _, err := subc.CreateSubscription(ctx, &pb.Subscription{Name: subPath(r.sub), Topic: topicPath(topicID), EnableMessageOrdering: r.ordered, AckDeadlineSeconds: 60}); err != nil {
 			t.Fatal(err)
 		}
@@ -550,7 +533,7 @@ func TestInjectionKeysSidecar(t *testing.T) {
 		!strings.Contains(err.Error(), keyrouter.ErrOrderingKeyTooLong.Error()) {
 		t.Fatalf("gRPC publish with a %d-byte key: %v", len(long), err)
 	}
-	publishURL := "http://" + sc.at.HTTP + "/v1/projects/" + project + "/topics/" + topicID + ":publish"
+	publishURL := "http://" + sc.HTTP + "/v1/projects/" + project + "/topics/" + topicID + ":publish"
 	for _, tc := range []struct{ body, want string }{
 		{`{"messages":[{"data":"eA==","orderingKey":"\ud800"}]}`, `invalid JSON at byte 43: \ud800 is half of a UTF-16 surrogate pair, not a character`},
 		{`{"messages":[{"data":"eA==","orderingKey":"a\udfff"}]}`, `invalid JSON at byte 44: \udfff is half of a UTF-16 surrogate pair, not a character`},
@@ -560,13 +543,13 @@ func TestInjectionKeysSidecar(t *testing.T) {
 		{"{\"messages\":[{\"data\":\"eA==\",\"orderingKey\":\"\xff\"}]}", "invalid JSON: the body is not UTF-8"},
 		{`{"messages":[{"data":"eA==","orderingKey":""}]}`, keyrouter.ErrEmptyOrderingKey.Error()},
 	} {
-		code, msg := injPostJSON(t, publishURL, tc.body)
+		code, msg := postJSON(t, publishURL, tc.body)
 		if code != http.StatusBadRequest || !strings.Contains(msg, tc.want) {
 			t.Errorf("HTTP publish %.80s: %d %q, want 400 %q", tc.body, code, msg, tc.want)
 		}
 	}
 
-	keys := injKeys()
+	keys := trickyKeys()
 	for i := range per {
 		var msgs []*pb.PubsubMessage
 		var jsonMsgs []string
@@ -575,9 +558,9 @@ func TestInjectionKeysSidecar(t *testing.T) {
 			ordered.published(k, k, i)
 			plain.published(k, k, i)
 			msgs = append(msgs, &pb.PubsubMessage{Data: data, OrderingKey: k})
-			jm := fmt.Sprintf(`{"data":%q`, injB64(data))
+			jm := fmt.Sprintf(`{"data":%q`, b64(data))
 			if k != "" {
-				jm += `,"orderingKey":` + injJSONString(k)
+				jm += `,"orderingKey":` + jsonString(k)
 			}
 			jsonMsgs = append(jsonMsgs, jm+"}")
 		}
@@ -585,28 +568,29 @@ func TestInjectionKeysSidecar(t *testing.T) {
 			if _, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath(topicID), Messages: msgs}); err != nil {
 				t.Fatalf("gRPC publish round %d: %v", i, err)
 			}
-		} else if code, msg := injPostJSON(t, publishURL, `{"messages":[`+strings.Join(jsonMsgs, ",")+`]}`); code != http.StatusOK {
+		} else if code, msg := postJSON(t, publishURL, `{"messages":[`+strings.Join(jsonMsgs, ",")+`]}`); code != http.StatusOK {
 			t.Fatalf("HTTP publish round %d: %d %s", i, code, msg)
 		}
 	}
-	injReceiveRaw(t, subc, ordered)
-	injReceiveRaw(t, subc, plain)
-	injAssertReaders(t, ordered, plain)
-	injAssertSubjects(t, js, project, topicID, keys, per, ordered.sub)
-	injAssertStored(t, js, project, topicID, per*(len(keys)+1))
+	receiveRawInto(t, subc, ordered)
+	receiveRawInto(t, subc, plain)
+	assertReaders(t, ordered, plain)
+	assertSubjects(t, js, project, topicID, keys, per, ordered.sub)
+	assertStored(t, js, project, topicID, per*(len(keys)+1))
 }
 
-// The sidecar: the topics of injTopics, with subscriptions whose names
+// The sidecar: the topics of trickyTopics, with subscriptions whose names
 // differ the same way, through the gRPC API: each subscription gets
 // exactly its topic's messages in order; invalid names are refused with
 // INVALID_ARGUMENT and create nothing.
 func TestInjectionNamesSidecar(t *testing.T) {
-	sc, js := injSidecar(t, sidecar.Config{})
-	pubc, subc := sc.rawClient()
+	sc := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	js := sc.JetStream()
+	pubc, subc := sc.RawClients()
 	ctx := context.Background()
-	streamsBefore := injStreamCount(t, js)
+	streamsBefore := streamCount(t, js)
 
-	for _, id := range injRefusedTopics {
+	for _, id := range refusedTopics {
 		if strings.Contains(id, "\xff") {
 			continue // a proto string must be UTF-8: hostile_test sends that one as raw bytes
 		}
@@ -626,11 +610,11 @@ func TestInjectionNamesSidecar(t *testing.T) {
 			t.Fatalf("CreateTopic(%q): %v, want INVALID_ARGUMENT", name, err)
 		}
 	}
-	if got := injStreamCount(t, js); got != streamsBefore {
+	if got := streamCount(t, js); got != streamsBefore {
 		t.Fatalf("%d streams after refused names, %d before", got, streamsBefore)
 	}
 
-	names := injNames(false)
+	names := trickyNames(false)
 	created := map[string]bool{}
 	for _, n := range names {
 		if !created[n.topic] {
@@ -644,39 +628,39 @@ func TestInjectionNamesSidecar(t *testing.T) {
 		}
 	}
 	const per = 3
-	readers := injNamedReaders(names)
+	readers := readersByName(names)
 	for i := range per {
 		for _, n := range names {
 			if _, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath(n.topic), Messages: []*pb.PubsubMessage{{Data: ordercheck.Encode(n.label(), i), OrderingKey: n.key}}}); err != nil {
 				t.Fatalf("publish to %s: %v", n.topic, err)
 			}
-			injPublished(readers, n, i)
+			markPublished(readers, n, i)
 		}
 	}
 	for _, r := range readers {
-		injReceiveRaw(t, subc, r)
+		receiveRawInto(t, subc, r)
 	}
-	injAssertReaders(t, injValues(readers)...)
-	if got := injStreamCount(t, js); got != streamsBefore+len(created) {
+	assertReaders(t, mapValues(readers)...)
+	if got := streamCount(t, js); got != streamsBefore+len(created) {
 		t.Fatalf("%d streams for %d topics", got-streamsBefore, len(created))
 	}
 }
 
-// injPostJSON posts body and returns the status and the error message, if
+// postJSON posts body and returns the status and the error message, if
 // any.
-func injPostJSON(t *testing.T, url, body string) (int, string) {
+func postJSON(t *testing.T, url, body string) (int, string) {
 	t.Helper()
 	resp, err := http.Post(url, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	return resp.StatusCode, injErrorMessage(t, resp)
+	return resp.StatusCode, errorMessage(t, resp)
 }
 
-// injJSONString writes s as a JSON string, every byte outside printable
+// jsonString writes s as a JSON string, every byte outside printable
 // ASCII as a \u escape of its rune, so control bytes travel escaped.
-func injJSONString(s string) string {
+func jsonString(s string) string {
 	var b strings.Builder
 	b.WriteByte('"')
 	for _, r := range s {
@@ -697,9 +681,9 @@ func injJSONString(s string) string {
 	return b.String()
 }
 
-// injErrorMessage is the message of the API's JSON error body ("" for a
+// errorMessage is the message of the API's JSON error body ("" for a
 // success).
-func injErrorMessage(t *testing.T, resp *http.Response) string {
+func errorMessage(t *testing.T, resp *http.Response) string {
 	t.Helper()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
@@ -720,4 +704,4 @@ func injErrorMessage(t *testing.T, resp *http.Response) string {
 	return eb.Error.Message
 }
 
-func injB64(data []byte) string { return base64.StdEncoding.EncodeToString(data) }
+func b64(data []byte) string { return base64.StdEncoding.EncodeToString(data) }

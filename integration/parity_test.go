@@ -13,13 +13,12 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
@@ -40,13 +39,13 @@ type backend struct {
 // forBackends runs f against a new sidecar and a new pstest server.
 func forBackends(t *testing.T, f func(t *testing.T, b backend)) {
 	t.Run("sidecar", func(t *testing.T) {
-		sc := startSidecar(t, sidecar.Config{})
-		f(t, backend{name: "sidecar", client: sc.goClient()})
+		sc := itest.Start(t, sidecar.Config{})
+		f(t, backend{name: "sidecar", client: sc.GoClient()})
 	})
 	t.Run("pstest", func(t *testing.T) {
 		srv := pstest.NewServer()
 		t.Cleanup(func() { _ = srv.Close() })
-		f(t, backend{name: "pstest", client: goClientAt(t, srv.Addr), fake: true})
+		f(t, backend{name: "pstest", client: itest.GoClient(t, srv.Addr), fake: true})
 	})
 }
 
@@ -422,8 +421,8 @@ func TestParityTenMegabytes(t *testing.T) {
 // A retry policy delays a nacked message's redelivery by its backoff, and
 // the key's next message waits for it.
 func TestSidecarRetryPolicyBackoff(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "top")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("sub"), Topic: topicPath("top"), EnableMessageOrdering: true,
 		RetryPolicy: &pb.RetryPolicy{MinimumBackoff: durationpb.New(2 * time.Second), MaximumBackoff: durationpb.New(10 * time.Second)}})
@@ -465,16 +464,13 @@ func TestSidecarRetryPolicyBackoff(t *testing.T) {
 // gRPC health answers SERVING once NATS is ready, and reflection lists
 // the Pub/Sub services.
 func TestSidecarHealthAndReflection(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	conn, err := grpc.NewClient(sc.at.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	sc := itest.Start(t, sidecar.Config{})
+	conn := sc.Conn()
 	ctx := context.Background()
 	hc := healthpb.NewHealthClient(conn)
 	for _, svc := range []string{"", "google.pubsub.v1.Publisher", "google.pubsub.v1.Subscriber"} {
 		var resp *healthpb.HealthCheckResponse
+		var err error
 		testutil.Eventually(t, 10*time.Second, func() bool {
 			resp, err = hc.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
 			return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/faultproxy"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -509,8 +510,9 @@ func pinnedClient(t *testing.T, js jetstream.JetStream, stream, consumer string)
 // The sidecar chooses an ordered subscription's delivery from its labels,
 // or its --delivery default; bad labels are refused and create nothing.
 func TestSidecarDeliveryLabels(t *testing.T) {
-	sc, js := injSidecar(t, sidecar.Config{Delivery: adapter.DeliveryPerKey})
-	pubc, subc := sc.rawClient()
+	sc := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0", Delivery: adapter.DeliveryPerKey})
+	js := sc.JetStream()
+	pubc, subc := sc.RawClients()
 	ctx := context.Background()
 	if _, err := pubc.CreateTopic(ctx, &pb.Topic{Name: topicPath("labelled")}); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -49,12 +50,12 @@ func (r *rawStream) nextData(n int) ([]string, []string) {
 // waiting for acks. A nack mid-window brings back the nacked message and
 // every later one, acked or not, in order; the earlier ones stay acked.
 func TestPipelinedNackMidWindow(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "pipe")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("pipe-sub"), Topic: topicPath("pipe"), EnableMessageOrdering: true,
 		AckDeadlineSeconds: 60, Labels: pipelinedLabels})
-	pubc, subc := sc.rawClient()
+	pubc, subc := sc.RawClients()
 	publishRaw(t, pubc, "pipe", "k", "m0", "m1", "m2", "m3", "m4")
 	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("pipe-sub"), StreamAckDeadlineSeconds: 60, ProtocolVersion: 1})
 	data, ids := rs.nextData(5) // all five, none acked
@@ -83,12 +84,12 @@ func TestPipelinedNackMidWindow(t *testing.T) {
 // A lease that runs out mid-window brings back its message and every later
 // one of the key, in order.
 func TestPipelinedExpiryMidWindow(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{Ordering: "pipelined"}) // the sidecar's default, no label
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{Ordering: "pipelined"}) // the sidecar's default, no label
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "pipe-exp")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("pipe-exp-sub"), Topic: topicPath("pipe-exp"), EnableMessageOrdering: true,
 		AckDeadlineSeconds: 60, Labels: map[string]string{"jetorder-delivery": "partitioned"}})
-	pubc, subc := sc.rawClient()
+	pubc, subc := sc.RawClients()
 	publishRaw(t, pubc, "pipe-exp", "k", "m0", "m1", "m2")
 	rs := openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("pipe-exp-sub"), StreamAckDeadlineSeconds: 60, ProtocolVersion: 1})
 	data, ids := rs.nextData(3)
@@ -114,8 +115,8 @@ func TestPipelinedExpiryMidWindow(t *testing.T) {
 
 // Bad values of the label are refused, and it needs message ordering.
 func TestPipelinedLabelChecked(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "pipe-bad")
 	for _, s := range []*pb.Subscription{
 		{Name: subPath("bad-1"), Topic: topicPath("pipe-bad"), EnableMessageOrdering: true, Labels: map[string]string{"jetorder-ordering": "fast"}},
@@ -132,21 +133,21 @@ func TestPipelinedLabelChecked(t *testing.T) {
 // pipelined ordering: two clients with two streams each, random nacks.
 // Every delivery is checked against pipelined ordering.
 func TestPipelinedOrderingCheckerGoClient(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "pipe-checked")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("pipe-checked-sub"), Topic: topicPath("pipe-checked"), EnableMessageOrdering: true,
 		Labels: pipelinedLabels})
 	chk := ordercheck.NewPipelined()
 	const sub = "pipe-checked-sub"
 	var stops []func()
-	for _, cl := range []*pubsub.Client{c, sc.goClient()} {
+	for _, cl := range []*pubsub.Client{c, sc.GoClient()} {
 		s := cl.Subscriber(sub)
 		s.ReceiveSettings.NumGoroutines = 2
 		// Leases of 10 s, not the client's 60: the messages the stopped
 		// client leaves unsettled come back when their leases run out.
 		s.ReceiveSettings.MaxDurationPerAckExtension = 10 * time.Second
-		stops = append(stops, receiveGo(t, s, checkedGoHandler(chk, sub, 23)))
+		stops = append(stops, receiveGo(t, s, itest.CheckedHandler(chk, sub, 23)))
 	}
 	pub := c.Publisher("pipe-checked")
 	pub.EnableMessageOrdering = true
@@ -156,7 +157,7 @@ func TestPipelinedOrderingCheckerGoClient(t *testing.T) {
 		names = append(names, fmt.Sprintf("key-%d", k))
 	}
 	names = append(names, "")
-	publishCheckedGo(t, pub, chk, names, 60)
+	itest.PublishChecked(t, pub, chk, names, 0, 60)
 	// The second client stops mid-run: its streams end with keys' windows
 	// out on them, which wait for those leases before going to the first.
 	testutil.Eventually(t, 60*time.Second, func() bool { return chk.Stats(sub).Acks >= len(names)*60/3 },

@@ -1,23 +1,22 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/powercut"
+	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
@@ -51,22 +50,22 @@ type powerCutCluster struct {
 	confs              []string
 	mounts             []*powercut.FS
 	clientURLs         []string
-	servers            []*serverProc
-	p                  *killProc
+	servers            []*itest.Process
+	p                  *itest.Sidecar
 	grpcAddr, httpAddr string
 }
 
 func newPowerCutCluster(t *testing.T, syncAlways bool) *powerCutCluster {
 	needFUSE(t)
-	c := &powerCutCluster{bin: killBuildSidecar(t), serverBin: buildNATSServer(t), dataDir: t.TempDir(),
+	c := &powerCutCluster{bin: itest.BuildSidecar(t), serverBin: itest.BuildNATSServer(t), dataDir: t.TempDir(),
 		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
 	const n = 3
 	routes := make([]string, n)
 	clusterAddrs := make([]string, n)
 	for i := range n {
-		clusterAddrs[i] = freeAddr(t)
+		clusterAddrs[i] = itest.FreeAddr(t)
 		routes[i] = fmt.Sprintf("%q", "nats-route://"+clusterAddrs[i])
-		c.clientURLs = append(c.clientURLs, "nats://"+freeAddr(t))
+		c.clientURLs = append(c.clientURLs, "nats://"+itest.FreeAddr(t))
 	}
 	sync := ""
 	if syncAlways {
@@ -90,26 +89,26 @@ cluster { name: cut, listen: %q, routes: [%s] }
 	return c
 }
 
-func (c *powerCutCluster) start(t *testing.T) *killProc {
+func (c *powerCutCluster) start(t *testing.T) *itest.Sidecar {
 	c.servers = c.servers[:0]
 	for _, conf := range c.confs {
-		c.servers = append(c.servers, startServerProc(t, c.serverBin, conf))
+		c.servers = append(c.servers, itest.StartProcess(t, c.serverBin, []string{"-c", conf}, nil, nil))
 	}
 	urls := strings.Join(c.clientURLs, ",")
 	waitClusterJetStream(t, urls)
-	c.p = killStart(t, c.bin, c.dataDir, c.grpcAddr, c.httpAddr, "--nats-url", urls, "--replicas", "3")
-	c.grpcAddr, c.httpAddr = c.p.grpc, c.p.http
+	c.p = itest.Start(t, sidecar.Config{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataDir: c.dataDir, NATSURL: urls, Replicas: 3}, itest.Binary(c.bin))
+	c.grpcAddr, c.httpAddr = c.p.GRPC, c.p.HTTP
 	return c.p
 }
 
 // kill is the coordinated cut: the sidecar and every server at once.
 func (c *powerCutCluster) kill() {
 	for _, s := range c.servers {
-		_ = s.cmd.Process.Kill()
+		s.Signal(syscall.SIGKILL)
 	}
-	c.p.kill()
+	c.p.Kill()
 	for _, s := range c.servers {
-		<-s.exited
+		<-s.Exited()
 	}
 }
 
@@ -145,55 +144,4 @@ func waitClusterJetStream(t *testing.T, urls string) {
 		_, err := js.AccountInfo(ctx)
 		return err == nil
 	}, "the cluster's JetStream did not answer")
-}
-
-// buildNATSServer builds the nats-server of go.mod.
-func buildNATSServer(t *testing.T) string {
-	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	bin := filepath.Join(t.TempDir(), "nats-server")
-	if out, err := exec.Command(goBin, "build", "-o", bin, "github.com/nats-io/nats-server/v2").CombinedOutput(); err != nil {
-		t.Fatalf("go build nats-server: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// serverProc is a nats-server process.
-type serverProc struct {
-	cmd    *exec.Cmd
-	exited chan struct{}
-	log    *testutil.LogBuffer
-}
-
-func startServerProc(t *testing.T, bin, conf string) *serverProc {
-	t.Helper()
-	cmd := exec.Command(bin, "-c", conf)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &serverProc{cmd: cmd, exited: make(chan struct{}), log: &testutil.LogBuffer{}}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			_, _ = s.log.Write([]byte(sc.Text() + "\n"))
-		}
-		_, _ = io.Copy(io.Discard, stderr)
-		_ = cmd.Wait()
-		close(s.exited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-s.exited
-		if t.Failed() && os.Getenv("JETORDER_TEST_LOG") != "" {
-			t.Logf("nats-server %s:\n%s", conf, s.log.String())
-		}
-	})
-	return s
 }

@@ -21,8 +21,11 @@ import (
 
 	"github.com/jetorder/jetorder/didcomm"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/embedded"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/powercut"
+	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
@@ -71,8 +74,8 @@ func powerCutWantNoLoss(t *testing.T, what string, r powerCutResult) {
 // runs with --sync lazy. After its cut, messages must be missing from a
 // subscription that survived: loss of messages, not only of resources.
 func TestPowerCutLazyLosesMessages(t *testing.T) {
-	n := newPowerCutNode(t, "lazy")
-	n.first = []string{"--sync", "always"}
+	n := newPowerCutNode(t, embedded.SyncLazy)
+	n.first = embedded.SyncAlways
 	r := powerCutRun(t, n, 2)
 	t.Logf("negative control, --sync lazy after a first round with --sync always: %s", r)
 	if r.lost == 0 || r.delivered == 0 {
@@ -129,7 +132,7 @@ func (r powerCutResult) String() string {
 type powerCutSite interface {
 	// start starts whatever is down on what the last cut left, and returns
 	// the sidecar.
-	start(t *testing.T) *killProc
+	start(t *testing.T) *itest.Sidecar
 	// kill SIGKILLs every process; cut then rolls every mount back.
 	kill()
 	cut(t *testing.T) powercut.Stats
@@ -138,42 +141,38 @@ type powerCutSite interface {
 // powerCutNode is the sidecar with its embedded server, its store on one
 // powercut mount.
 type powerCutNode struct {
-	bin, dataDir       string
-	extra              []string
-	first              []string // flags of the first start only, instead of extra
-	started            bool
-	fs                 *powercut.FS
-	p                  *killProc
-	grpcAddr, httpAddr string
+	bin   string
+	cfg   sidecar.Config
+	first embedded.SyncPolicy // of the first start only, instead of cfg's
+	fs    *powercut.FS
+	p     *itest.Sidecar
 }
 
-func newPowerCutNode(t *testing.T, policy string) *powerCutNode {
+func newPowerCutNode(t *testing.T, policy embedded.SyncPolicy) *powerCutNode {
 	needFUSE(t)
-	n := &powerCutNode{bin: killBuildSidecar(t), grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
+	n := &powerCutNode{bin: itest.BuildSidecar(t), cfg: sidecar.Config{Sync: policy}}
 	var mnt string
 	n.fs, mnt = powerCutMount(t)
-	n.dataDir = filepath.Join(mnt, "data")
-	if err := os.Mkdir(n.dataDir, 0o755); err != nil {
+	n.cfg.DataDir = filepath.Join(mnt, "data")
+	if err := os.Mkdir(n.cfg.DataDir, 0o755); err != nil {
 		t.Fatal(err)
-	}
-	if policy != "" {
-		n.extra = append(n.extra, "--sync", policy)
 	}
 	return n
 }
 
-func (n *powerCutNode) start(t *testing.T) *killProc {
-	flags := n.extra
-	if !n.started && n.first != nil {
-		flags = n.first
+func (n *powerCutNode) start(t *testing.T) *itest.Sidecar {
+	cfg := n.cfg
+	if n.p == nil && n.first != "" {
+		cfg.Sync = n.first
 	}
-	n.started = true
-	n.p = killStart(t, n.bin, n.dataDir, n.grpcAddr, n.httpAddr, flags...)
-	n.grpcAddr, n.httpAddr = n.p.grpc, n.p.http
+	if n.p != nil { // on the same ports, for the clients of the last round
+		cfg.GRPCAddr, cfg.HTTPAddr = n.p.GRPC, n.p.HTTP
+	}
+	n.p = itest.Start(t, cfg, itest.Binary(n.bin))
 	return n.p
 }
 
-func (n *powerCutNode) kill() { n.p.kill() }
+func (n *powerCutNode) kill() { n.p.Kill() }
 
 func (n *powerCutNode) cut(t *testing.T) powercut.Stats {
 	st, err := n.fs.Cut()
@@ -242,7 +241,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 
 	for round := 0; round <= cuts; round++ {
 		p := site.start(t)
-		c := goClientAt(t, p.grpc)
+		c := p.GoClient()
 		ctx := context.Background()
 		subMissing := false
 		for _, id := range topics {
@@ -278,7 +277,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 				auditOrder := newPowerCutOrder()
 				seen, res.delivered = powerCutReceive(t, c, audit, keys, acked, auditOrder)
 				order.violations = append(order.violations, auditOrder.violations...)
-				res.replays += strings.Count(p.log.String(), powerCutReplayed)
+				res.replays += strings.Count(p.Log(), powerCutReplayed)
 				t.Logf("received at %v", time.Since(began).Round(time.Millisecond))
 			}
 			break
@@ -359,7 +358,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 		}, "publishing did not get going")
 		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond) // a random moment to cut, not synchronisation
 		site.kill()
-		res.replays += strings.Count(p.log.String(), powerCutReplayed)
+		res.replays += strings.Count(p.Log(), powerCutReplayed)
 		stopReceiving()
 		close(stop)
 		cut()

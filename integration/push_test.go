@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -288,28 +289,6 @@ func orderedPublisher(t *testing.T, c *pubsub.Client, topic string) *pubsub.Publ
 	return pub
 }
 
-// publishNumbered publishes messages from..to-1 of each key ("" for
-// unkeyed) as ordercheck payloads, tells chk (when not nil), and waits
-// until all are stored.
-func publishNumbered(t *testing.T, pub *pubsub.Publisher, chk *ordercheck.Checker, keys []string, from, to int) {
-	t.Helper()
-	ctx := context.Background()
-	var results []*pubsub.PublishResult
-	for i := from; i < to; i++ {
-		for _, key := range keys {
-			results = append(results, pub.Publish(ctx, &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
-			if chk != nil {
-				chk.Published(key, i)
-			}
-		}
-	}
-	for _, r := range results {
-		if _, err := r.Get(ctx); err != nil {
-			t.Fatalf("publish: %v", err)
-		}
-	}
-}
-
 func waitComplete(t *testing.T, chk *ordercheck.Checker, sub string, timeout time.Duration) {
 	t.Helper()
 	testutil.Eventually(t, timeout, func() bool { return chk.Complete(sub) },
@@ -325,15 +304,9 @@ func assertInOrder(t *testing.T, chk *ordercheck.Checker) {
 
 // pushFailures reads the sidecar's jetorder_push_failures_total of a
 // subscription.
-func pushFailures(t *testing.T, httpAddr, sub string) int {
-	prefix := `jetorder_push_failures_total{subscription="` + subPath(sub) + `"} `
-	for line := range strings.SplitSeq(scrape(t, httpAddr), "\n") {
-		if v, ok := strings.CutPrefix(line, prefix); ok {
-			n, _ := strconv.ParseFloat(v, 64)
-			return int(n)
-		}
-	}
-	return 0
+func pushFailures(sc *itest.Sidecar, sub string) int {
+	n, _ := sc.Metrics().Value("jetorder_push_failures_total", "subscription", subPath(sub))
+	return int(n)
 }
 
 func pushTo(url string) *pb.PushConfig { return &pb.PushConfig{PushEndpoint: url} }
@@ -360,8 +333,8 @@ func TestPushFlakyEndpointKeepsOrder(t *testing.T) {
 			}
 			return http.StatusOK
 		}})
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "flaky")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("flaky-sub"), Topic: topicPath("flaky"), EnableMessageOrdering: true,
 		AckDeadlineSeconds: int32(deadline / time.Second), PushConfig: pushTo(e.url),
@@ -369,8 +342,8 @@ func TestPushFlakyEndpointKeepsOrder(t *testing.T) {
 
 	start := time.Now()
 	pub := orderedPublisher(t, c, "flaky")
-	publishNumbered(t, pub, chk, orderingKeys(20), 0, 30)
-	publishNumbered(t, pub, chk, []string{""}, 0, 50)
+	itest.PublishChecked(t, pub, chk, orderingKeys(20), 0, 30)
+	itest.PublishChecked(t, pub, chk, []string{""}, 0, 50)
 	waitComplete(t, chk, "flaky-sub", 90*time.Second)
 	assertInOrder(t, chk)
 
@@ -413,8 +386,8 @@ func TestPushSlowEndpointHoldsUpNothingElse(t *testing.T) {
 		}})
 	t.Cleanup(func() { letGoOnce.Do(func() { close(letGo) }) }) // before the endpoint's server waits for its handlers
 	fast := startPushEndpoint(t, &pushEndpoint{chk: chk, sub: "fast-sub"})
-	sc := startSidecar(t, sidecar.Config{PushMaxOutstanding: budget})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{PushMaxOutstanding: budget})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "speeds")
 	// The slow endpoint's held requests must not time out.
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("slow-sub"), Topic: topicPath("speeds"), EnableMessageOrdering: true,
@@ -424,8 +397,8 @@ func TestPushSlowEndpointHoldsUpNothingElse(t *testing.T) {
 
 	start := time.Now()
 	pub := orderedPublisher(t, c, "speeds")
-	publishNumbered(t, pub, chk, orderingKeys(keys), 0, perKey)
-	publishNumbered(t, pub, chk, []string{""}, 0, unkeyed)
+	itest.PublishChecked(t, pub, chk, orderingKeys(keys), 0, perKey)
+	itest.PublishChecked(t, pub, chk, []string{""}, 0, unkeyed)
 	waitComplete(t, chk, "fast-sub", 20*time.Second)
 	fastTook := time.Since(start)
 	testutil.Eventually(t, 10*time.Second, func() bool {
@@ -480,17 +453,17 @@ func TestPushSlowEndpointHoldsUpNothingElse(t *testing.T) {
 func TestPushDeadEndpointLosesNothing(t *testing.T) {
 	chk := ordercheck.New()
 	live := startPushEndpoint(t, &pushEndpoint{chk: chk, sub: "dead-end-sub"})
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	ctx := context.Background()
-	dead := fmt.Sprintf("http://127.0.0.1:%d/push", freePort(t))
+	dead := "http://" + itest.FreeAddr(t) + "/push"
 	mustCreateTopic(t, c, "dead-end")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("dead-end-sub"), Topic: topicPath("dead-end"), EnableMessageOrdering: true,
 		PushConfig: pushTo(dead)})
 	pub := orderedPublisher(t, c, "dead-end")
-	publishNumbered(t, pub, chk, append(orderingKeys(5), ""), 0, 10)
-	testutil.Eventually(t, 10*time.Second, func() bool { return pushFailures(t, sc.at.HTTP, "dead-end-sub") >= 10 },
-		"the sidecar has not tried the dead endpoint: %d push failures", func() int { return pushFailures(t, sc.at.HTTP, "dead-end-sub") })
+	itest.PublishChecked(t, pub, chk, append(orderingKeys(5), ""), 0, 10)
+	testutil.Eventually(t, 10*time.Second, func() bool { return pushFailures(sc, "dead-end-sub") >= 10 },
+		"the sidecar has not tried the dead endpoint: %d push failures", func() int { return pushFailures(sc, "dead-end-sub") })
 
 	if err := c.SubscriptionAdminClient.ModifyPushConfig(ctx, &pb.ModifyPushConfigRequest{
 		Subscription: subPath("dead-end-sub"), PushConfig: pushTo(live.url)}); err != nil {
@@ -514,15 +487,15 @@ func TestPushDeadEndpointLosesNothing(t *testing.T) {
 func TestPushFailingEndpointDeadLetters(t *testing.T) {
 	failing := startPushEndpoint(t, &pushEndpoint{ // no checker: a dead-lettered message moves its key on unacked
 		answer: func(context.Context, *pushRequest) int { return http.StatusInternalServerError }})
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "poison")
 	mustCreateTopic(t, c, "poison-dead")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("poison-dead-sub"), Topic: topicPath("poison-dead")})
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("poison-sub"), Topic: topicPath("poison"), EnableMessageOrdering: true,
 		PushConfig: pushTo(failing.url), DeadLetterPolicy: &pb.DeadLetterPolicy{DeadLetterTopic: topicPath("poison-dead"), MaxDeliveryAttempts: 5}})
 	pub := orderedPublisher(t, c, "poison")
-	publishNumbered(t, pub, nil, []string{"k", ""}, 0, 2)
+	itest.PublishChecked(t, pub, nil, []string{"k", ""}, 0, 2)
 
 	dead := receiveAll(t, c.Subscriber("poison-dead-sub"), 4, nil)
 	var deadData []string
@@ -567,8 +540,6 @@ func TestPushFailingEndpointDeadLetters(t *testing.T) {
 // acked before, if the kill lost that ack).
 func TestPushSurvivesSIGKILL(t *testing.T) {
 	const keys, perKey, unkeyed, acksBeforeKill = 10, 100, 50, 300
-	bin := killBuildSidecar(t)
-	dir := t.TempDir()
 	chk := ordercheck.New()
 	var requests atomic.Int64
 	var restarted atomic.Bool
@@ -580,30 +551,30 @@ func TestPushSurvivesSIGKILL(t *testing.T) {
 			<-ctx.Done() // held until the sidecar is gone
 			return http.StatusServiceUnavailable
 		}})
-	a := killStart(t, bin, dir, "127.0.0.1:0", "127.0.0.1:0", "--push-allow", "loopback")
-	c := goClientAt(t, a.grpc)
+	a := itest.Start(t, sidecar.Config{PushAllow: "loopback"}, itest.Binary(itest.BuildSidecar(t)))
+	c := a.GoClient()
 	mustCreateTopic(t, c, "killed-push")
 	// A message in flight at the kill comes back once its ack deadline has
 	// passed: a short one keeps the test quick.
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("killed-push-sub"), Topic: topicPath("killed-push"), EnableMessageOrdering: true,
 		AckDeadlineSeconds: 5, PushConfig: pushTo(e.url)})
 	pub := orderedPublisher(t, c, "killed-push")
-	publishNumbered(t, pub, chk, orderingKeys(keys), 0, perKey)
-	publishNumbered(t, pub, chk, []string{""}, 0, unkeyed)
+	itest.PublishChecked(t, pub, chk, orderingKeys(keys), 0, perKey)
+	itest.PublishChecked(t, pub, chk, []string{""}, 0, unkeyed)
 	held := func() int { keyed, _ := e.inFlightNow(); return keyed }
 	testutil.Eventually(t, 60*time.Second, func() bool { return held() >= keys },
 		"not every key has a request held: %d requests, %d keyed ones in flight", requests.Load, held)
 
 	chk.AcksMayBeLost()
 	killedAt := time.Now()
-	a.kill()
+	a.Kill()
 	// The held requests end with the dead process's connections; only
 	// then may the restarted sidecar push their keys again.
 	open := func() int { _, all := e.inFlightNow(); return all }
 	testutil.Eventually(t, 10*time.Second, func() bool { return open() == 0 }, "%d requests still open after the kill", open)
 	restarted.Store(true)
-	b := killStart(t, bin, dir, a.grpc, a.http, "--push-allow", "loopback")
-	publishNumbered(t, pub, chk, orderingKeys(keys), perKey, perKey+10)
+	b := a.Restart()
+	itest.PublishChecked(t, pub, chk, orderingKeys(keys), perKey, perKey+10)
 	waitComplete(t, chk, "killed-push-sub", 60*time.Second)
 	assertInOrder(t, chk)
 	if _, ofOneKey := e.concurrency(); ofOneKey > 1 {
@@ -612,7 +583,7 @@ func TestPushSurvivesSIGKILL(t *testing.T) {
 	st := chk.Stats("killed-push-sub")
 	t.Logf("killed after %d acks; all %d messages acked %v after the kill; %d requests, %d redeliveries, %d keys went back to a message acked before",
 		acksBeforeKill, keys*(perKey+10)+unkeyed, time.Since(killedAt).Round(time.Millisecond), st.Deliveries, st.Redeliveries, st.Rewinds)
-	b.terminate()
+	b.Stop()
 }
 
 // Endpoints --push-allow does not allow, and push configs the sidecar
@@ -650,7 +621,7 @@ func TestPushConfigRefused(t *testing.T) {
 	const local = "http://127.0.0.1:9/push" // allowed; nothing is published, so nothing is pushed
 
 	t.Run("loopback", func(t *testing.T) {
-		c := startSidecar(t, sidecar.Config{}).goClient()
+		c := itest.Start(t, sidecar.Config{}).GoClient()
 		mustCreateTopic(t, c, "guarded")
 		sub := func(id string, pc *pb.PushConfig, labels map[string]string) *pb.Subscription {
 			return &pb.Subscription{Name: subPath(id), Topic: topicPath("guarded"), PushConfig: pc, Labels: labels}
@@ -716,7 +687,7 @@ func TestPushConfigRefused(t *testing.T) {
 	})
 
 	t.Run("off", func(t *testing.T) {
-		c := startSidecar(t, sidecar.Config{PushAllow: "off"}).goClient()
+		c := itest.Start(t, sidecar.Config{PushAllow: "off"}).GoClient()
 		mustCreateTopic(t, c, "guarded")
 		refusedAtCreate(t, c, "a loopback endpoint with push off",
 			&pb.Subscription{Name: subPath("push-sub"), Topic: topicPath("guarded"), PushConfig: pushTo(local)})
@@ -728,7 +699,7 @@ func TestPushConfigRefused(t *testing.T) {
 	})
 
 	t.Run("one address", func(t *testing.T) {
-		c := startSidecar(t, sidecar.Config{PushAllow: "127.0.0.1"}).goClient()
+		c := itest.Start(t, sidecar.Config{PushAllow: "127.0.0.1"}).GoClient()
 		mustCreateTopic(t, c, "guarded")
 		for i, endpoint := range []string{"http://localhost:9/x", "http://127.0.0.2:9/x", "http://[::1]:9/x"} {
 			_, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pb.Subscription{
@@ -749,8 +720,8 @@ func TestPushRequestFormats(t *testing.T) {
 		"/metadata": http.StatusNoContent, "/cloudevents": http.StatusProcessing}
 	e := startPushEndpoint(t, &pushEndpoint{answer: func(_ context.Context, p *pushRequest) int { return ackCode[p.path] }})
 	base := strings.TrimSuffix(e.url, "/push")
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	ctx := context.Background()
 	mustCreateTopic(t, c, "formats")
 	mustCreateTopic(t, c, "formats-dead")
@@ -947,14 +918,14 @@ func TestPushAndPullSwitch(t *testing.T) {
 		return http.StatusInternalServerError
 	}})
 	acking := startPushEndpoint(t, &pushEndpoint{chk: chk, sub: sub})
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
-	_, subc := sc.rawClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
+	_, subc := sc.RawClients()
 	ctx := context.Background()
 	mustCreateTopic(t, c, "switch")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath(sub), Topic: topicPath("switch"), EnableMessageOrdering: true, PushConfig: pushTo(refusing.url)})
 	pub := orderedPublisher(t, c, "switch")
-	publishNumbered(t, pub, chk, []string{"k"}, 0, 5)
+	itest.PublishChecked(t, pub, chk, []string{"k"}, 0, 5)
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		return refusing.count(func(p *pushRequest) bool { return p.index == 2 && p.settled }) > 0
 	}, "message 2 not refused yet")
@@ -992,7 +963,7 @@ func TestPushAndPullSwitch(t *testing.T) {
 	if err := c.SubscriptionAdminClient.ModifyPushConfig(ctx, &pb.ModifyPushConfigRequest{Subscription: subPath(sub), PushConfig: pushTo(acking.url)}); err != nil {
 		t.Fatal(err)
 	}
-	publishNumbered(t, pub, chk, []string{"k"}, 5, 10)
+	itest.PublishChecked(t, pub, chk, []string{"k"}, 5, 10)
 	waitComplete(t, chk, sub, 20*time.Second)
 	assertInOrder(t, chk)
 	if n := pulledAfterSwitch.Load(); n != 0 {

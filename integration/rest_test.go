@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 )
 
@@ -55,10 +56,10 @@ type restSide interface {
 // generated REST client (cloud.google.com/go/pubsub/v2/apiv1, REST
 // transport) give the same answers field by field, ids and times aside.
 func TestRESTRoundTripEqualsGRPC(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	ctx := context.Background()
-	endpoint := option.WithEndpoint("http://" + sc.at.HTTP)
+	endpoint := option.WithEndpoint("http://" + sc.HTTP)
 	topicREST, err := vkit.NewTopicAdminRESTClient(ctx, endpoint, option.WithoutAuthentication(), option.WithTelemetryDisabled())
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +76,7 @@ func TestRESTRoundTripEqualsGRPC(t *testing.T) {
 		side restSide
 	}{
 		{"grpc", grpcSide{c.TopicAdminClient, c.SubscriptionAdminClient}},
-		{"rest", &httpSide{base: "http://" + sc.at.HTTP}},
+		{"rest", &httpSide{base: "http://" + sc.HTTP}},
 		{"restclient", grpcSide{topicREST, subREST}},
 	}
 	results := make([][]restStep, len(sides))
@@ -439,9 +440,9 @@ func (h *httpSide) deleteTopic(t *testing.T, name string) any { return h.do(t, "
 
 // Every resource the REST API lists in the order the gRPC API lists it.
 func TestRESTListsEqualGRPC(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
-	h := &httpSide{base: "http://" + sc.at.HTTP}
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
+	h := &httpSide{base: "http://" + sc.HTTP}
 	for _, id := range []string{"list-c", "list-a", "list-b"} {
 		mustCreateTopic(t, c, id)
 		mustCreateSub(t, c, &pb.Subscription{Name: subPath(id + "-sub"), Topic: topicPath(id)})

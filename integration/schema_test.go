@@ -17,13 +17,11 @@ import (
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/linkedin/goavro/v2"
 	"google.golang.org/api/iterator"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 )
 
@@ -65,7 +63,7 @@ var schemaBackends = []schemaBackend{
 		return srv.Addr
 	}},
 	{name: "sidecar", sidecar: true, start: func(t *testing.T) string {
-		return startSidecar(t, sidecar.Config{}).at.GRPC
+		return itest.Start(t, sidecar.Config{}).GRPC
 	}},
 }
 
@@ -73,21 +71,12 @@ var schemaBackends = []schemaBackend{
 // (for page tokens, which the admin client's iterators hide) of addr.
 func schemaClients(t *testing.T, addr string) (*vkit.SchemaClient, pb.SchemaServiceClient) {
 	t.Helper()
-	sc, err := vkit.NewSchemaClient(context.Background(),
-		option.WithEndpoint(addr),
-		option.WithoutAuthentication(),
-		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
-		option.WithTelemetryDisabled())
+	sc, err := vkit.NewSchemaClient(context.Background(), itest.ClientOptions(addr)...)
 	if err != nil {
 		t.Fatalf("NewSchemaClient: %v", err)
 	}
 	t.Cleanup(func() { _ = sc.Close() })
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return sc, pb.NewSchemaServiceClient(conn)
+	return sc, pb.NewSchemaServiceClient(itest.Dial(t, addr))
 }
 
 func schemaPath(id string) string { return "projects/" + project + "/schemas/" + id }
@@ -424,7 +413,7 @@ func TestSchemaConcurrentCommits(t *testing.T) {
 // the revision rules.
 func TestSchemaSidecarRules(t *testing.T) {
 	ctx := context.Background()
-	c, raw := schemaClients(t, startSidecar(t, sidecar.Config{}).at.GRPC)
+	c, raw := schemaClients(t, itest.Start(t, sidecar.Config{}).GRPC)
 	parent := "projects/" + project
 
 	for _, id := range []string{"ab", "1abc", "goog-schema", "has space", "has/slash", "has@at"} {
@@ -536,7 +525,7 @@ func startSchemaTopicEnv(t *testing.T, b schemaBackend) schemaTopicEnv {
 	t.Helper()
 	addr := b.start(t)
 	sc, _ := schemaClients(t, addr)
-	return schemaTopicEnv{sidecar: b.sidecar, schemas: sc, c: goClientAt(t, addr)}
+	return schemaTopicEnv{sidecar: b.sidecar, schemas: sc, c: itest.GoClient(t, addr)}
 }
 
 func (e schemaTopicEnv) getTopic(t *testing.T, id string) *pb.Topic {

@@ -22,12 +22,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
-	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/jetorder/jetorder/internal/embedded"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
@@ -38,9 +38,9 @@ import (
 // authorization error, and a password in the URL does not show in it.
 func TestSecurityNATSCredentials(t *testing.T) {
 	dir := t.TempDir()
-	nkeyUser, nkeySeed := secNkeyUser(t, dir, "user.nk")
-	_, otherSeed := secNkeyUser(t, dir, "other.nk")
-	op := secNewOperator(t)
+	nkeyUser, nkeySeed := newNkeyUser(t, dir, "user.nk")
+	_, otherSeed := newNkeyUser(t, dir, "other.nk")
+	op := newOperator(t)
 
 	type badCase struct {
 		name string
@@ -92,7 +92,7 @@ func TestSecurityNATSCredentials(t *testing.T) {
 			configure: op.configure,
 			good:      sidecar.Config{NATSCreds: op.creds(t, dir, "app.creds", true)},
 			bad: []badCase{
-				{"a user of another operator", withURL(sidecar.Config{NATSCreds: secNewOperator(t).creds(t, dir, "foreign.creds", true)}), nats.ErrAuthorization},
+				{"a user of another operator", withURL(sidecar.Config{NATSCreds: newOperator(t).creds(t, dir, "foreign.creds", true)}), nats.ErrAuthorization},
 				{"none", withURL(sidecar.Config{}), nats.ErrAuthorization},
 				// A known user of an account without JetStream: no point waiting.
 				{"account without JetStream", withURL(sidecar.Config{NATSCreds: op.creds(t, dir, "nojs.creds", false)}), jetstream.ErrJetStreamNotEnabledForAccount},
@@ -100,14 +100,14 @@ func TestSecurityNATSCredentials(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := secServer(t, tc.configure)
+			srv := natsServerWith(t, tc.configure)
 			good := tc.good
 			good.NATSURL = srv.ClientURL()
-			sc := startSidecar(t, good)
-			secRoundTrip(t, sc.goClient(), tc.name)
+			sc := itest.Start(t, good)
+			roundTrip(t, sc.GoClient(), tc.name)
 
 			for _, bad := range tc.bad {
-				err := secRunFails(t, bad.cfg(srv.ClientURL()))
+				err := startFails(t, bad.cfg(srv.ClientURL()))
 				if !errors.Is(err, bad.want) {
 					t.Errorf("%s: Run = %v, want %v", bad.name, err, bad.want)
 				}
@@ -156,18 +156,18 @@ func TestSecurityNATSTLS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv := secServer(t, func(o *server.Options) {
+			srv := natsServerWith(t, func(o *server.Options) {
 				o.TLSConfig, o.TLS, o.TLSVerify, o.TLSTimeout = tlsConf, true, tc.verifyClient, 5
 			})
 			// The server requires TLS, so a nats:// URL upgrades to it too.
 			good := tc.good
 			good.NATSURL = strings.Replace(srv.ClientURL(), "tls://", "nats://", 1)
-			sc := startSidecar(t, good)
-			secRoundTrip(t, sc.goClient(), "tls")
+			sc := itest.Start(t, good)
+			roundTrip(t, sc.GoClient(), "tls")
 
 			for name, cfg := range tc.bad {
 				cfg.NATSURL = srv.ClientURL()
-				if err := secRunFails(t, cfg); !secIsTLSFailure(err) {
+				if err := startFails(t, cfg); !isTLSFailure(err) {
 					t.Errorf("%s: Run = %v, want a TLS error", name, err)
 				}
 			}
@@ -180,22 +180,12 @@ func TestSecurityNATSTLS(t *testing.T) {
 // plaintext clients and clients that do not trust the CA get nowhere.
 func TestSecurityAPITLS(t *testing.T) {
 	certs := testutil.NewCerts(t)
-	sc := startSidecar(t, sidecar.Config{TLSCert: certs.ServerCert, TLSKey: certs.ServerKey})
-
-	conn, err := grpc.NewClient(sc.at.GRPC, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: certs.Pool})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	c, err := pubsub.NewClient(context.Background(), project, option.WithGRPCConn(conn), option.WithTelemetryDisabled())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	secRoundTrip(t, c, "api-tls")
+	sc := itest.Start(t, sidecar.Config{}, itest.TLS(certs))
+	c := sc.GoClient()
+	roundTrip(t, c, "api-tls")
 
 	https := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: certs.Pool}}}
-	if code, body, err := secGet(https, "https://"+sc.at.HTTP+"/healthz"); err != nil || code != http.StatusOK {
+	if code, body, err := httpGet(https, "https://"+sc.HTTP+"/healthz"); err != nil || code != http.StatusOK {
 		t.Errorf("GET /healthz over HTTPS = %d %q, %v; want 200", code, body, err)
 	}
 
@@ -206,22 +196,19 @@ func TestSecurityAPITLS(t *testing.T) {
 		"plaintext": insecure.NewCredentials(),
 		"untrusted": credentials.NewTLS(&tls.Config{RootCAs: testutil.NewCerts(t).Pool}),
 	} {
-		bad, err := grpc.NewClient(sc.at.GRPC, grpc.WithTransportCredentials(creds))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = pb.NewPublisherClient(bad).GetTopic(ctx, &pb.GetTopicRequest{Topic: topicPath("api-tls")})
+		bad := itest.Dial(t, sc.GRPC, grpc.WithTransportCredentials(creds))
+		_, err := pb.NewPublisherClient(bad).GetTopic(ctx, &pb.GetTopicRequest{Topic: topicPath("api-tls")})
 		_ = bad.Close()
 		if err == nil {
 			t.Errorf("gRPC %s: GetTopic succeeded", name)
 		}
 	}
 	plain := &http.Client{Timeout: 10 * time.Second}
-	if code, body, err := secGet(plain, "http://"+sc.at.HTTP+"/healthz"); err == nil && code == http.StatusOK {
+	if code, body, err := httpGet(plain, "http://"+sc.HTTP+"/healthz"); err == nil && code == http.StatusOK {
 		t.Errorf("GET /healthz over plain HTTP = %d %q; want a refusal", code, body)
 	}
 	untrusting := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: testutil.NewCerts(t).Pool}}}
-	if _, _, err := secGet(untrusting, "https://"+sc.at.HTTP+"/healthz"); err == nil {
+	if _, _, err := httpGet(untrusting, "https://"+sc.HTTP+"/healthz"); err == nil {
 		t.Error("GET /healthz trusting another CA succeeded")
 	}
 }
@@ -244,8 +231,8 @@ func TestSecurityExposureWarnings(t *testing.T) {
 		{"gRPC only", sidecar.Config{GRPCAddr: ":0", HTTPAddr: "off"}, []string{"gRPC API"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs secLogs
-			secStart(t, tc.cfg, slog.New(&logs))
+			var logs recordedLogs
+			itest.Start(t, tc.cfg, itest.Logger(slog.New(&logs)))
 			got := logs.warnings()
 			if len(got) != len(tc.want) {
 				t.Fatalf("warnings %q, want ones naming %q", got, tc.want)
@@ -259,9 +246,9 @@ func TestSecurityExposureWarnings(t *testing.T) {
 	}
 }
 
-// secServer starts a JetStream nats-server on a random loopback port, its
+// natsServerWith starts a JetStream nats-server on a random loopback port, its
 // options changed by configure, and stops it when the test ends.
-func secServer(t *testing.T, configure func(*server.Options)) *embedded.Server {
+func natsServerWith(t *testing.T, configure func(*server.Options)) *embedded.Server {
 	t.Helper()
 	s, err := embedded.Start(embedded.Config{StoreDir: t.TempDir(), Configure: configure})
 	if err != nil {
@@ -271,9 +258,9 @@ func secServer(t *testing.T, configure func(*server.Options)) *embedded.Server {
 	return s
 }
 
-// secRoundTrip creates a topic and an ordered subscription named after id,
+// roundTrip creates a topic and an ordered subscription named after id,
 // publishes one message and receives it, through c.
-func secRoundTrip(t *testing.T, c *pubsub.Client, id string) {
+func roundTrip(t *testing.T, c *pubsub.Client, id string) {
 	t.Helper()
 	id = strings.ReplaceAll(id, " ", "-")
 	mustCreateTopic(t, c, id)
@@ -307,76 +294,25 @@ func secRoundTrip(t *testing.T, c *pubsub.Client, id string) {
 	}
 }
 
-// secRunFails runs the sidecar with cfg, expecting it not to start, and
-// returns Run's error. Run must end within 10s: long before the 30s the
-// sidecar waits for a JetStream that is still starting.
-func secRunFails(t *testing.T, cfg sidecar.Config) error {
+// startFails runs the sidecar with cfg, expecting it not to start, and
+// returns the error it ended with. It must end within 10s: long before the
+// 30s the sidecar waits for a JetStream that is still starting.
+func startFails(t *testing.T, cfg sidecar.Config) error {
 	t.Helper()
-	cfg.GRPCAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	started := make(chan struct{}, 1)
-	done := make(chan error, 1)
-	go func() { done <- sidecar.Run(ctx, cfg, nil, func(sidecar.Listening) { started <- struct{}{} }) }()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Error("Run returned no error")
-		}
-		return err
-	case <-started:
+	sc, err := itest.StartErr(t, cfg, itest.ReadyTimeout(10*time.Second))
+	switch {
+	case sc != nil:
 		t.Error("the sidecar started")
-	case <-time.After(10 * time.Second):
-		t.Error("Run did not end within 10s")
+		sc.Stop()
+	case errors.Is(err, itest.ErrNotReady):
+		t.Errorf("Run did not end within 10s: %v", err)
+	case errors.Is(err, itest.ErrEnded):
+		t.Error("Run returned no error")
 	}
-	cancel()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not end within 30s of cancel")
-		return nil
-	}
+	return err
 }
 
-// secStart runs the sidecar with cfg and log until the test ends.
-func secStart(t *testing.T, cfg sidecar.Config, log *slog.Logger) sidecar.Listening {
-	t.Helper()
-	if cfg.GRPCAddr == "" {
-		cfg.GRPCAddr = "127.0.0.1:0"
-	}
-	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = "127.0.0.1:0"
-	}
-	cfg.DataDir = t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan sidecar.Listening, 1)
-	done := make(chan error, 1)
-	go func() { done <- sidecar.Run(ctx, cfg, log, func(l sidecar.Listening) { ready <- l }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("sidecar: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("sidecar did not stop within 30s")
-		}
-	})
-	select {
-	case at := <-ready:
-		return at
-	case err := <-done:
-		done <- err // for the cleanup
-		t.Fatalf("sidecar ended before it was ready: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("sidecar not ready within 30s")
-	}
-	return sidecar.Listening{}
-}
-
-func secGet(c *http.Client, url string) (int, string, error) {
+func httpGet(c *http.Client, url string) (int, string, error) {
 	resp, err := c.Get(url)
 	if err != nil {
 		return 0, "", err
@@ -386,15 +322,15 @@ func secGet(c *http.Client, url string) (int, string, error) {
 	return resp.StatusCode, string(bytes.TrimSpace(body)), err
 }
 
-// secIsTLSFailure tells whether err is a failed TLS handshake or a server's
+// isTLSFailure tells whether err is a failed TLS handshake or a server's
 // refusal of the client's certificate, which nats.go reports as the
 // connection's read error after the handshake.
-func secIsTLSFailure(err error) bool {
+func isTLSFailure(err error) bool {
 	return errors.Is(err, nats.ErrTLS) || (err != nil && strings.Contains(err.Error(), "tls: "))
 }
 
-// secNkeyUser makes a user nkey and writes its seed to dir/name.
-func secNkeyUser(t *testing.T, dir, name string) (public, seedFile string) {
+// newNkeyUser makes a user nkey and writes its seed to dir/name.
+func newNkeyUser(t *testing.T, dir, name string) (public, seedFile string) {
 	t.Helper()
 	kp, err := nkeys.CreateUser()
 	if err != nil {
@@ -409,16 +345,16 @@ func secNkeyUser(t *testing.T, dir, name string) (public, seedFile string) {
 	return public, seedFile
 }
 
-// secOperator is an operator with a system account and an application
+// natsOperator is an operator with a system account and an application
 // account, for a server in operator mode with a memory resolver.
-type secOperator struct {
+type natsOperator struct {
 	claims          *jwt.OperatorClaims
 	sysPub          string
 	appKey, noJSKey nkeys.KeyPair
 	accountJWTs     map[string]string
 }
 
-func secNewOperator(t *testing.T) *secOperator {
+func newOperator(t *testing.T) *natsOperator {
 	t.Helper()
 	must := func(err error) {
 		t.Helper()
@@ -429,7 +365,7 @@ func secNewOperator(t *testing.T) *secOperator {
 	opKey, err := nkeys.CreateOperator()
 	must(err)
 	opPub, _ := opKey.PublicKey()
-	o := &secOperator{accountJWTs: map[string]string{}}
+	o := &natsOperator{accountJWTs: map[string]string{}}
 	account := func(name string, jetStream bool) (nkeys.KeyPair, string) {
 		kp, err := nkeys.CreateAccount()
 		must(err)
@@ -457,7 +393,7 @@ func secNewOperator(t *testing.T) *secOperator {
 }
 
 // configure puts the server in operator mode, trusting o's accounts.
-func (o *secOperator) configure(opts *server.Options) {
+func (o *natsOperator) configure(opts *server.Options) {
 	r := &server.MemAccResolver{}
 	for pub, token := range o.accountJWTs {
 		_ = r.Store(pub, token) // a memory store does not fail
@@ -469,7 +405,7 @@ func (o *secOperator) configure(opts *server.Options) {
 
 // creds writes a credentials file for a new user of the application
 // account (with JetStream) or of the account without it.
-func (o *secOperator) creds(t *testing.T, dir, name string, jetStream bool) string {
+func (o *natsOperator) creds(t *testing.T, dir, name string, jetStream bool) string {
 	t.Helper()
 	issuer := o.noJSKey
 	if jetStream {
@@ -496,16 +432,16 @@ func (o *secOperator) creds(t *testing.T, dir, name string, jetStream bool) stri
 	return path
 }
 
-// secLogs keeps the sidecar's log records for a test to read.
-type secLogs struct {
+// recordedLogs keeps the sidecar's log records for a test to read.
+type recordedLogs struct {
 	mu      sync.Mutex
 	records []slog.Record
 }
 
-func (l *secLogs) Enabled(context.Context, slog.Level) bool { return true }
-func (l *secLogs) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *secLogs) WithGroup(string) slog.Handler            { return l }
-func (l *secLogs) Handle(_ context.Context, r slog.Record) error {
+func (l *recordedLogs) Enabled(context.Context, slog.Level) bool { return true }
+func (l *recordedLogs) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *recordedLogs) WithGroup(string) slog.Handler            { return l }
+func (l *recordedLogs) Handle(_ context.Context, r slog.Record) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.records = append(l.records, r.Clone())
@@ -513,7 +449,7 @@ func (l *secLogs) Handle(_ context.Context, r slog.Record) error {
 }
 
 // warnings are the messages of the WARN records logged so far.
-func (l *secLogs) warnings() []string {
+func (l *recordedLogs) warnings() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var w []string

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -163,8 +164,8 @@ func TestParitySeekAndSnapshots(t *testing.T) {
 // sees every delivery: no key has two messages in handlers across the
 // seek, and every key starts again from its first message.
 func TestSidecarSeekWhileReceiving(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	ctx := context.Background()
 	mustCreateTopic(t, c, "top")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("sub"), Topic: topicPath("top"), EnableMessageOrdering: true})
@@ -187,7 +188,7 @@ func TestSidecarSeekWhileReceiving(t *testing.T) {
 		m.Ack()
 	}
 	receiveGo(t, c.Subscriber("sub"), handler)
-	receiveGo(t, sc.goClient().Subscriber("sub"), handler)
+	receiveGo(t, sc.GoClient().Subscriber("sub"), handler)
 
 	pub := c.Publisher("top")
 	pub.EnableMessageOrdering = true

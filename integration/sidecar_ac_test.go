@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -24,8 +25,8 @@ import (
 // specification again, through Google's Go client against the sidecar.
 // One sidecar serves them all; each criterion has its own topic.
 func TestSidecarAcceptanceCriteria(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	ctx := context.Background()
 	// setup creates topic T-<n> and ordered subscriptions on it, and an
 	// ordering publisher.
@@ -123,7 +124,7 @@ func TestSidecarAcceptanceCriteria(t *testing.T) {
 	t.Run("AC-005 an expired message comes again before the next", func(t *testing.T) {
 		setup(t, "005")
 		mustCreateSub(t, c, &pb.Subscription{Name: subPath("sub-005"), Topic: topicPath("topic-005"), EnableMessageOrdering: true, AckDeadlineSeconds: 1})
-		pubc, subc := sc.rawClient()
+		pubc, subc := sc.RawClients()
 		if _, err := pubc.Publish(ctx, &pb.PublishRequest{Topic: topicPath("topic-005"), Messages: []*pb.PubsubMessage{
 			{Data: []byte("first"), OrderingKey: "user-123"}, {Data: []byte("second"), OrderingKey: "user-123"}}}); err != nil {
 			t.Fatal(err)
@@ -185,7 +186,7 @@ func TestSidecarAcceptanceCriteria(t *testing.T) {
 
 	t.Run("AC-008 invalid keys refused with the specification's texts", func(t *testing.T) {
 		setup(t, "008", "sub")
-		pubc, subc := sc.rawClient()
+		pubc, subc := sc.RawClients()
 		// A key that is not UTF-8 cannot be sent at all: proto3 strings are
 		// UTF-8 on the wire, and gRPC refuses to marshal it.
 		for _, tc := range []struct{ key, text string }{

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 )
 
@@ -23,8 +24,8 @@ import (
 func TestSidecarShutdownWithinDeadline(t *testing.T) {
 	const timeout = 2 * time.Second
 	dir := t.TempDir()
-	sc := startSidecar(t, sidecar.Config{DataDir: dir, ShutdownTimeout: timeout})
-	pubc, subc := sc.rawClient()
+	sc := itest.Start(t, sidecar.Config{DataDir: dir, ShutdownTimeout: timeout})
+	pubc, subc := sc.RawClients()
 	ctx := context.Background()
 	if _, err := pubc.CreateTopic(ctx, &pb.Topic{Name: topicPath("held")}); err != nil {
 		t.Fatal(err)
@@ -41,7 +42,7 @@ func TestSidecarShutdownWithinDeadline(t *testing.T) {
 	if m := stream.next(); string(m.GetMessage().GetData()) != "held" {
 		t.Fatalf("got %q, want held", m.GetMessage().GetData())
 	}
-	conn, err := net.Dial("tcp", sc.at.HTTP)
+	conn, err := net.Dial("tcp", sc.HTTP)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +52,7 @@ func TestSidecarShutdownWithinDeadline(t *testing.T) {
 	}
 
 	start := time.Now()
-	sc.stop()
+	sc.Stop()
 	took := time.Since(start)
 	t.Logf("shutdown took %v", took)
 	if took > timeout+time.Second {
@@ -66,8 +67,8 @@ func TestSidecarShutdownWithinDeadline(t *testing.T) {
 		t.Fatal("the stream did not end with the sidecar")
 	}
 
-	sc = startSidecar(t, sidecar.Config{DataDir: dir, ShutdownTimeout: timeout})
-	_, subc = sc.rawClient()
+	sc = itest.Start(t, sidecar.Config{DataDir: dir, ShutdownTimeout: timeout})
+	_, subc = sc.RawClients()
 	stream = openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("held-sub"), StreamAckDeadlineSeconds: 600})
 	if m := stream.next(); string(m.GetMessage().GetData()) != "held" { // within 15s, not 600s
 		t.Fatalf("after restart got %q, want held", m.GetMessage().GetData())

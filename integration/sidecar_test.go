@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -22,8 +23,8 @@ import (
 // Google's Go client, configured only by PUBSUB_EMULATOR_HOST, creates a
 // topic and an ordered subscription, publishes and receives in order.
 func TestSidecarEmulatorHost(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	t.Setenv("PUBSUB_EMULATOR_HOST", sc.at.GRPC)
+	sc := itest.Start(t, sidecar.Config{})
+	t.Setenv("PUBSUB_EMULATOR_HOST", sc.GRPC)
 	c, err := pubsub.NewClient(context.Background(), project)
 	if err != nil {
 		t.Fatal(err)
@@ -61,19 +62,19 @@ func TestSidecarEmulatorHost(t *testing.T) {
 // subscriptions, one of them received by two clients with two streams
 // each, with random nacks. Every delivery is checked.
 func TestSidecarOrderingCheckerGoClient(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "checked")
 	for _, s := range []string{"sub-a", "sub-b"} {
 		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("checked"), EnableMessageOrdering: true})
 	}
 	chk := ordercheck.New()
-	for _, cl := range []*pubsub.Client{c, sc.goClient()} {
+	for _, cl := range []*pubsub.Client{c, sc.GoClient()} {
 		s := cl.Subscriber("sub-a")
 		s.ReceiveSettings.NumGoroutines = 2
-		receiveGo(t, s, checkedGoHandler(chk, "sub-a", 17))
+		receiveGo(t, s, itest.CheckedHandler(chk, "sub-a", 17))
 	}
-	receiveGo(t, c.Subscriber("sub-b"), checkedGoHandler(chk, "sub-b", 17))
+	receiveGo(t, c.Subscriber("sub-b"), itest.CheckedHandler(chk, "sub-b", 17))
 
 	pub := c.Publisher("checked")
 	pub.EnableMessageOrdering = true
@@ -84,7 +85,7 @@ func TestSidecarOrderingCheckerGoClient(t *testing.T) {
 		names = append(names, fmt.Sprintf("key-%d.%s", k, strings.Repeat(">", k%3)))
 	}
 	names = append(names, "")
-	publishCheckedGo(t, pub, chk, names, msgs)
+	itest.PublishChecked(t, pub, chk, names, 0, msgs)
 	testutil.Eventually(t, 90*time.Second, func() bool { return chk.Complete("sub-a") && chk.Complete("sub-b") },
 		"not everything acked: sub-a: %s; sub-b: %s", func() string { return chk.Missing("sub-a") }, func() string { return chk.Missing("sub-b") })
 	if v := chk.Violations(); len(v) > 0 {
@@ -167,14 +168,7 @@ func (r *rawStream) quiet(d time.Duration, why string) {
 // per key; an ack lets that key's next one come, a nack brings the same
 // message again, and unkeyed messages are not held back.
 func TestSidecarHoldsEachKeyUntilAck(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
-	mustCreateTopic(t, c, "held")
-	mustCreateTopic(t, c, "held-dead")
-	// A dead-letter policy, so that deliveries carry their attempt.
-	mustCreateSub(t, c, &pb.Subscription{Name: subPath("held-sub"), Topic: topicPath("held"), EnableMessageOrdering: true, AckDeadlineSeconds: 60,
-		DeadLetterPolicy: &pb.DeadLetterPolicy{DeadLetterTopic: topicPath("held-dead"), MaxDeliveryAttempts: 100}})
-	pubc, subc := sc.rawClient()
+	pubc, subc := startCountingAttempts(t, "held", 60)
 	var msgs []*pb.PubsubMessage
 	for i := range 3 {
 		msgs = append(msgs, &pb.PubsubMessage{Data: []byte(fmt.Sprintf("a%d", i)), OrderingKey: "a"},
@@ -226,14 +220,7 @@ func TestSidecarHoldsEachKeyUntilAck(t *testing.T) {
 // again before the next of its key; ModifyAckDeadline extends a lease past
 // the subscription's ack deadline (JetStream's AckWait).
 func TestSidecarLeaseExpiryAndExtension(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
-	mustCreateTopic(t, c, "leases")
-	mustCreateTopic(t, c, "leases-dead")
-	// A dead-letter policy, so that deliveries carry their attempt.
-	mustCreateSub(t, c, &pb.Subscription{Name: subPath("leases-sub"), Topic: topicPath("leases"), EnableMessageOrdering: true, AckDeadlineSeconds: 1,
-		DeadLetterPolicy: &pb.DeadLetterPolicy{DeadLetterTopic: topicPath("leases-dead"), MaxDeliveryAttempts: 100}})
-	pubc, subc := sc.rawClient()
+	pubc, subc := startCountingAttempts(t, "leases", 1)
 	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("leases"), Messages: []*pb.PubsubMessage{
 		{Data: []byte("m0"), OrderingKey: "k"}, {Data: []byte("m1"), OrderingKey: "k"}}}); err != nil {
 		t.Fatal(err)
@@ -271,11 +258,11 @@ func TestSidecarLeaseExpiryAndExtension(t *testing.T) {
 // A stream's max_outstanding_messages bounds what it is handed: more comes
 // only as messages are acked.
 func TestSidecarStreamFlowControl(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "flow")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("flow-sub"), Topic: topicPath("flow"), AckDeadlineSeconds: 60})
-	pubc, subc := sc.rawClient()
+	pubc, subc := sc.RawClients()
 	var msgs []*pb.PubsubMessage
 	for i := range 10 {
 		msgs = append(msgs, &pb.PubsubMessage{Data: []byte(fmt.Sprint(i))})
@@ -301,13 +288,13 @@ func TestSidecarStreamFlowControl(t *testing.T) {
 // with INVALID_ARGUMENT and changes nothing; valid ids beside it are
 // applied, each on its own.
 func TestSidecarRefusesForgedAckIDs(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "acks")
 	for _, s := range []string{"acks-sub", "other-sub"} {
 		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("acks"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
 	}
-	pubc, subc := sc.rawClient()
+	pubc, subc := sc.RawClients()
 	var msgs []*pb.PubsubMessage
 	for i := range 10 {
 		msgs = append(msgs, &pb.PubsubMessage{Data: fmt.Appendf(nil, "m%d", i), OrderingKey: "k"})
@@ -349,15 +336,15 @@ func TestSidecarRefusesForgedAckIDs(t *testing.T) {
 // forged ones, each valid id is applied.
 func TestSidecarAckIDsAcrossRestart(t *testing.T) {
 	dir := t.TempDir()
-	first := startSidecar(t, sidecar.Config{DataDir: dir})
-	c := first.goClient()
+	first := itest.Start(t, sidecar.Config{DataDir: dir})
+	c := first.GoClient()
 	mustCreateTopic(t, c, "restart-acks")
 	// A long deadline: what the first process handed out comes back at once
 	// all the same, as its stop hands it back.
 	for _, s := range []string{"held-sub", "later-sub"} {
 		mustCreateSub(t, c, &pb.Subscription{Name: subPath(s), Topic: topicPath("restart-acks"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
 	}
-	pubc, subc := first.rawClient()
+	pubc, subc := first.RawClients()
 	msgs := []*pb.PubsubMessage{{Data: []byte("u0")}}
 	for _, k := range []string{"a", "b"} {
 		for i := range 2 {
@@ -377,10 +364,10 @@ func TestSidecarAckIDsAcrossRestart(t *testing.T) {
 			stale[sub][string(m.GetMessage().GetData())] = m.AckId
 		}
 	}
-	first.stop() // hands them back: they come again at once
+	first.Stop() // hands them back: they come again at once
 
-	second := startSidecar(t, sidecar.Config{DataDir: dir})
-	_, subc = second.rawClient()
+	second := itest.Start(t, sidecar.Config{DataDir: dir})
+	_, subc = second.RawClients()
 	// later-sub: u0 and a0 acked before anything is delivered again. u0's
 	// ack waits for its redelivery, which then never reaches a client; a0
 	// comes again.
@@ -444,11 +431,11 @@ func TestSidecarAckIDsAcrossRestart(t *testing.T) {
 // for the one held before it.
 func TestSidecarStopHandsBackLeases(t *testing.T) {
 	dir := t.TempDir()
-	first := startSidecar(t, sidecar.Config{DataDir: dir})
-	c := first.goClient()
+	first := itest.Start(t, sidecar.Config{DataDir: dir})
+	c := first.GoClient()
 	mustCreateTopic(t, c, "handback")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("handback-sub"), Topic: topicPath("handback"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
-	pubc, subc := first.rawClient()
+	pubc, subc := first.RawClients()
 	msgs := []*pb.PubsubMessage{
 		{Data: []byte("a0"), OrderingKey: "a"}, {Data: []byte("a1"), OrderingKey: "a"}, {Data: []byte("b0"), OrderingKey: "b"},
 	}
@@ -461,12 +448,12 @@ func TestSidecarStopHandsBackLeases(t *testing.T) {
 	if data := string(rs.next().GetMessage().GetData()); data != "a0" && data != "b0" {
 		t.Fatalf("first delivery %q, want a0 or b0", data)
 	}
-	first.stop()
+	first.Stop()
 
 	// Well within the 60s deadline (next waits at most 15s): a0 and b0
 	// again, and a1 only after a0 is acked.
-	second := startSidecar(t, sidecar.Config{DataDir: dir})
-	_, subc = second.rawClient()
+	second := itest.Start(t, sidecar.Config{DataDir: dir})
+	_, subc = second.RawClients()
 	rs = openRawStream(t, subc, &pb.StreamingPullRequest{Subscription: subPath("handback-sub"), StreamAckDeadlineSeconds: 60})
 	got := map[string]string{} // data -> ack id
 	for len(got) < 2 {
@@ -489,11 +476,11 @@ func TestSidecarStopHandsBackLeases(t *testing.T) {
 // Bad requests get the status code that says what is wrong, and change
 // nothing.
 func TestSidecarBadRequests(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "bad")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("bad-sub"), Topic: topicPath("bad"), EnableMessageOrdering: true})
-	pubc, subc := sc.rawClient()
+	pubc, subc := sc.RawClients()
 	ctx := context.Background()
 	long := strings.Repeat("k", 1025)
 	cases := []struct {
@@ -603,8 +590,8 @@ func TestSidecarBadRequests(t *testing.T) {
 // delivered after it, in order per key.
 func TestSidecarRestartLosesNothing(t *testing.T) {
 	dir := t.TempDir()
-	sc := startSidecar(t, sidecar.Config{DataDir: dir})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{DataDir: dir})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "durable")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("durable-sub"), Topic: topicPath("durable"), EnableMessageOrdering: true})
 	pub := c.Publisher("durable")
@@ -614,14 +601,14 @@ func TestSidecarRestartLosesNothing(t *testing.T) {
 	for k := range 8 {
 		keys = append(keys, fmt.Sprintf("k%d", k))
 	}
-	publishCheckedGo(t, pub, chk, keys, 25)
+	itest.PublishChecked(t, pub, chk, keys, 0, 25)
 	pub.Stop()
 	_ = c.Close()
-	sc.stop()
+	sc.Stop()
 
-	sc = startSidecar(t, sidecar.Config{DataDir: dir})
-	c = sc.goClient()
-	receiveGo(t, c.Subscriber("durable-sub"), checkedGoHandler(chk, "durable-sub", 0))
+	sc = itest.Start(t, sidecar.Config{DataDir: dir})
+	c = sc.GoClient()
+	receiveGo(t, c.Subscriber("durable-sub"), itest.CheckedHandler(chk, "durable-sub", 0))
 	testutil.Eventually(t, 60*time.Second, func() bool { return chk.Complete("durable-sub") }, "missing after restart: %s",
 		func() string { return chk.Missing("durable-sub") })
 	if v := chk.Violations(); len(v) > 0 {
@@ -633,8 +620,8 @@ func TestSidecarRestartLosesNothing(t *testing.T) {
 // with the source's attributes, and its key moves on in order. The metrics
 // count what happened.
 func TestSidecarDeadLetterAndMetrics(t *testing.T) {
-	sc := startSidecar(t, sidecar.Config{})
-	c := sc.goClient()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
 	mustCreateTopic(t, c, "work")
 	mustCreateTopic(t, c, "dead")
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("dead-sub"), Topic: topicPath("dead")})
@@ -644,7 +631,7 @@ func TestSidecarDeadLetterAndMetrics(t *testing.T) {
 	if err != nil || got.GetDeadLetterPolicy().GetMaxDeliveryAttempts() != 5 || got.GetDeadLetterPolicy().GetDeadLetterTopic() != topicPath("dead") {
 		t.Fatalf("GetSubscription = %v, %v", got, err)
 	}
-	pubc, subc := sc.rawClient()
+	pubc, subc := sc.RawClients()
 	if _, err := pubc.Publish(context.Background(), &pb.PublishRequest{Topic: topicPath("work"), Messages: []*pb.PubsubMessage{
 		{Data: []byte("poison"), OrderingKey: "k", Attributes: map[string]string{"a": "1"}}, {Data: []byte("next"), OrderingKey: "k"}}}); err != nil {
 		t.Fatal(err)
@@ -680,7 +667,7 @@ func TestSidecarDeadLetterAndMetrics(t *testing.T) {
 	sub := []string{"subscription", subPath("work-sub")}
 	// The move is counted just after it is stored.
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		m = testutil.Scrape(t, "http://"+sc.at.HTTP+"/metrics")
+		m = testutil.Scrape(t, "http://"+sc.HTTP+"/metrics")
 		v, _ := m.Value("jetorder_dead_lettered_total", sub...)
 		return v == 1
 	}, "metrics do not count the dead letter")
@@ -701,4 +688,19 @@ func TestSidecarDeadLetterAndMetrics(t *testing.T) {
 	if _, ok := m.Value("jetorder_live_consumers"); !ok {
 		t.Error("no jetorder_live_consumers")
 	}
+}
+
+// startCountingAttempts starts a sidecar with topic id and an ordered
+// subscription id+"-sub" of it with the given ack deadline and a
+// dead-letter policy (to id+"-dead"), so that deliveries carry their
+// attempt, and returns raw clients of it.
+func startCountingAttempts(t *testing.T, id string, ackDeadlineSeconds int32) (pb.PublisherClient, pb.SubscriberClient) {
+	t.Helper()
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
+	mustCreateTopic(t, c, id)
+	mustCreateTopic(t, c, id+"-dead")
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath(id + "-sub"), Topic: topicPath(id), EnableMessageOrdering: true, AckDeadlineSeconds: ackDeadlineSeconds,
+		DeadLetterPolicy: &pb.DeadLetterPolicy{DeadLetterTopic: topicPath(id + "-dead"), MaxDeliveryAttempts: 100}})
+	return sc.RawClients()
 }

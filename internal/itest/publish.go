@@ -1,0 +1,62 @@
+package itest
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"cloud.google.com/go/pubsub/v2"
+
+	"github.com/jetorder/jetorder/internal/ordercheck"
+)
+
+// PublishChecked publishes messages from..to-1 of each of keys ("" is no
+// ordering key) through p as ordercheck payloads, interleaved (message i of
+// every key before message i+1 of any), tells chk of each (when not nil),
+// and waits until all are stored.
+func PublishChecked(t testing.TB, p *pubsub.Publisher, chk *ordercheck.Checker, keys []string, from, to int) {
+	t.Helper()
+	ctx := context.Background()
+	var results []*pubsub.PublishResult
+	for i := from; i < to; i++ {
+		for _, key := range keys {
+			results = append(results, p.Publish(ctx, &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+			if chk != nil {
+				chk.Published(key, i)
+			}
+		}
+	}
+	for _, r := range results {
+		if _, err := r.Get(ctx); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	}
+}
+
+// CheckedHandler is a Go client handler that reports every delivery of
+// sub to chk and nacks every nackEvery-th one it gets (0: none), acking the
+// rest. It is safe for concurrent use.
+func CheckedHandler(chk *ordercheck.Checker, sub string, nackEvery int) func(context.Context, *pubsub.Message) {
+	var mu sync.Mutex
+	count := 0
+	return func(_ context.Context, m *pubsub.Message) {
+		key, idx, err := ordercheck.Decode(m.Data)
+		if err != nil || key != m.OrderingKey {
+			chk.Fail("%s: undecodable delivery %q (key %q): %v", sub, m.Data, m.OrderingKey, err)
+			m.Ack()
+			return
+		}
+		chk.Delivered(sub, key, idx)
+		mu.Lock()
+		count++
+		nack := nackEvery > 0 && count%nackEvery == 0
+		mu.Unlock()
+		if nack {
+			chk.Released(sub, key, idx)
+			m.Nack()
+			return
+		}
+		chk.Acked(sub, key, idx)
+		m.Ack()
+	}
+}
