@@ -233,6 +233,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 	next := make(map[string]int)     // per key, the next index to publish
 	acked := make(map[string][]bool) // per key and index: acknowledged
 	var res powerCutResult
+	stampedAcked := 0                // of stamped keys' messages
 	var topics []string              // acknowledged as created
 	var seen map[string]map[int]bool // what the last receive got: key -> index
 	order := newPowerCutOrder()      // every delivery of the run
@@ -345,16 +346,22 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 						mu.Lock()
 						acked[key][from+j] = true
 						res.acked++
+						if powerCutStamped(key) {
+							stampedAcked++
+						}
 						mu.Unlock()
 					}
 				}
 			}()
 		}
-		before := func() int { mu.Lock(); defer mu.Unlock(); return res.acked }()
-		testutil.Eventually(t, 30*time.Second, func() bool {
+		// Stamped keys go slower (several KV writes per request; seconds
+		// at first on a cluster syncing every write): each round waits for
+		// some of theirs too, so that cuts find stamping under way.
+		before, stampedBefore := func() (int, int) { mu.Lock(); defer mu.Unlock(); return res.acked, stampedAcked }()
+		testutil.Eventually(t, 60*time.Second, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
-			return res.acked >= before+600
+			return res.acked >= before+600 && stampedAcked >= stampedBefore+20
 		}, "publishing did not get going")
 		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond) // a random moment to cut, not synchronisation
 		site.kill()
