@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/powercut"
 	"github.com/jetorder/jetorder/internal/sidecar"
@@ -28,6 +29,7 @@ import (
 // nothing acknowledged may be lost; with JetStream's default (the negative
 // control) the same cuts must lose something.
 func TestPowerCutClusterLosesNothing(t *testing.T) {
+	skipClusterCutPerKey(t)
 	cuts := 2
 	if n, err := strconv.Atoi(os.Getenv("JETORDER_POWERCUT_CLUSTER_CUTS")); err == nil && n > 0 {
 		cuts = n
@@ -36,6 +38,7 @@ func TestPowerCutClusterLosesNothing(t *testing.T) {
 }
 
 func TestPowerCutClusterLazyLosesMessages(t *testing.T) {
+	skipClusterCutPerKey(t)
 	r := powerCutRun(t, newPowerCutCluster(t, false), 1)
 	t.Logf("negative control, cluster with JetStream's default sync: %s", r)
 	if r.lost == 0 && len(r.missingResources) == 0 {
@@ -144,4 +147,16 @@ func waitClusterJetStream(t *testing.T, urls string) {
 		_, err := js.AccountInfo(ctx)
 		return err == nil
 	}, "the cluster's JetStream did not answer")
+}
+
+// skipClusterCutPerKey skips the cluster's power cuts in make test's
+// per-key pass: what they test is the servers' storage, the single-node
+// power-cut tests receive in per-key delivery across cuts, and the
+// cluster's minutes keep CI within its time (docs/RELIABILITY.md). Set
+// JETORDER_POWERCUT_CLUSTER_CUTS to run them in that pass too.
+func skipClusterCutPerKey(t *testing.T) {
+	t.Helper()
+	if itest.Delivery == adapter.DeliveryPerKey && os.Getenv("JETORDER_POWERCUT_CLUSTER_CUTS") == "" {
+		t.Skip("the cluster's power cuts run in the default pass")
+	}
 }
