@@ -84,8 +84,8 @@ func (r recordedItem) message() *adapter.Message {
 	return &adapter.Message{OrderingKey: r.Key, Data: r.Data, Attributes: r.Attrs, Header: r.Header}
 }
 
-// owner returns this broker's owner id, answering on its presence subject
-// from the first call on.
+// ownerID returns this broker's owner id, answering on its presence
+// subject from the first call on.
 func (st *stamper) ownerID(nc *nats.Conn) (string, error) {
 	st.ownerMu.Lock()
 	defer st.ownerMu.Unlock()
@@ -111,7 +111,10 @@ func stamperSubject(owner string) string { return "_jetorder.stamper." + owner }
 
 // ownerGone reports whether the broker owner certainly no longer runs.
 func (b *Broker) ownerGone(ctx context.Context, owner string) bool {
-	if owner == b.stamps.owner {
+	b.stamps.ownerMu.Lock()
+	self := b.stamps.owner
+	b.stamps.ownerMu.Unlock()
+	if owner == self {
 		return true // this broker: not in flight, or its lock would be held
 	}
 	ctx, cancel := context.WithTimeout(ctx, ownerAskTimeout)
