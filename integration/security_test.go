@@ -224,11 +224,11 @@ func TestSecurityExposureWarnings(t *testing.T) {
 		want []string // the warnings, by what they name
 	}{
 		{"loopback", sidecar.Config{NATSListen: "127.0.0.1:0"}, nil},
-		{"all interfaces", sidecar.Config{GRPCAddr: ":0", HTTPAddr: "0.0.0.0:0", NATSListen: "0.0.0.0:0"},
+		{"all interfaces", sidecar.Config{GRPCAddr: ":0", HTTPAddr: "0.0.0.0:0", NATSListen: "0.0.0.0:0", AllowUnauthenticated: true},
 			[]string{"gRPC API", "HTTP API", "--nats-listen"}},
-		{"all interfaces with TLS", sidecar.Config{GRPCAddr: ":0", HTTPAddr: ":0", TLSCert: certs.ServerCert, TLSKey: certs.ServerKey},
+		{"all interfaces with TLS", sidecar.Config{GRPCAddr: ":0", HTTPAddr: ":0", TLSCert: certs.ServerCert, TLSKey: certs.ServerKey, AllowUnauthenticated: true},
 			nil},
-		{"gRPC only", sidecar.Config{GRPCAddr: ":0", HTTPAddr: "off"}, []string{"gRPC API"}},
+		{"gRPC only", sidecar.Config{GRPCAddr: ":0", HTTPAddr: "off", AllowUnauthenticated: true}, []string{"gRPC API"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs recordedLogs

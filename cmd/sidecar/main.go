@@ -68,6 +68,15 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	str(&c.HTTPAddr, "http-addr", "127.0.0.1:8080", `HTTP API address: publish, the status page (/), /healthz, /readyz, /metrics ("off" disables it)`)
 	str(&c.TLSCert, "tls-cert", "", "certificate file: serve the gRPC and HTTP APIs over TLS")
 	str(&c.TLSKey, "tls-key", "", "private key file for --tls-cert")
+	str(&c.TLSClientCA, "tls-client-ca", "", "CA file: verify client certificates, whose CommonName or email address names the principal (access control; needs --tls-cert)")
+	str(&c.AuthTokens, "auth-tokens", "", `bearer tokens file: one "PRINCIPAL TOKEN" or "PRINCIPAL sha256:HEX" per line, PRINCIPAL user:ID or serviceAccount:ID (access control)`)
+	str(&c.AuthJWKS, "auth-jwks", "", "JWKS file: bearer JWTs signed by its keys name principals, e.g. Kubernetes service-account tokens (access control; needs --auth-jwt-audience)")
+	str(&c.AuthJWTIssuer, "auth-jwt-issuer", "", `the "iss" JWTs must have (default: any)`)
+	var audiences, openEndpoints, allowUnauth string
+	str(&audiences, "auth-jwt-audience", "", `audiences JWTs must name one of, comma-separated`)
+	str(&c.IAMPolicy, "iam-policy", "", `project-level IAM policy file, Google's Policy JSON ({"bindings":[{"role":"roles/pubsub.publisher","members":["user:…"]}]}); default: every authenticated caller is roles/pubsub.admin`)
+	str(&openEndpoints, "open-endpoints", "healthz,readyz", `HTTP endpoints served without access control, of healthz, readyz and metrics ("" none)`)
+	str(&allowUnauth, "allow-unauthenticated", "false", "serve without access control on addresses beyond loopback (the sidecar refuses to otherwise)")
 	str(&c.DataDir, "data-dir", "./data", "JetStream store of the embedded nats-server")
 	var syncPolicy string
 	str(&syncPolicy, "sync", string(embedded.SyncGroup), `when the embedded server's writes reach disk before callers hear of them: "group" (group commit: every publish result and every created resource waits for a shared fsync), "always" (the server fsyncs each write; slower) or "lazy" (JetStream's default, a background fsync every 2 minutes: fastest, but a power cut or OS crash loses acknowledged publishes, topics and subscriptions written since)`)
@@ -167,6 +176,25 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	} else {
 		c.WebhookAllowedOrigins = o
 	}
+	for a := range strings.SplitSeq(audiences, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			c.AuthJWTAudiences = append(c.AuthJWTAudiences, a)
+		}
+	}
+	for e := range strings.SplitSeq(openEndpoints, ",") {
+		switch e = strings.TrimSpace(e); e {
+		case "":
+		case "healthz", "readyz", "metrics":
+			c.OpenEndpoints = append(c.OpenEndpoints, "/"+e)
+		default:
+			err = errors.Join(err, fmt.Errorf("--open-endpoints: %q is not one of healthz, readyz, metrics", e))
+		}
+	}
+	if b, e := strconv.ParseBool(allowUnauth); e != nil {
+		err = errors.Join(err, fmt.Errorf("--allow-unauthenticated %q: want true or false", allowUnauth))
+	} else {
+		c.AllowUnauthenticated = b
+	}
 	if webhookRate != "*" {
 		c.WebhookAllowedRate = positive("webhook-allowed-rate", webhookRate)
 	}
@@ -178,6 +206,18 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return c, errors.New("--tls-cert and --tls-key go together")
+	}
+	if c.TLSClientCA != "" && c.TLSCert == "" {
+		return c, errors.New("--tls-client-ca needs --tls-cert and --tls-key: client certificates are verified in the TLS handshake")
+	}
+	if c.AuthJWKS == "" && (c.AuthJWTIssuer != "" || len(c.AuthJWTAudiences) > 0) {
+		return c, errors.New("--auth-jwt-issuer and --auth-jwt-audience apply to --auth-jwks")
+	}
+	if c.AuthJWKS != "" && len(c.AuthJWTAudiences) == 0 {
+		return c, errors.New("--auth-jwks needs --auth-jwt-audience: a JWT for another service must not pass")
+	}
+	if c.IAMPolicy != "" && c.TLSClientCA+c.AuthTokens+c.AuthJWKS == "" {
+		return c, errors.New("--iam-policy needs a way to authenticate callers: --auth-tokens, --tls-client-ca or --auth-jwks")
 	}
 	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
 		return c, errors.New("--nats-tls-cert and --nats-tls-key go together")

@@ -42,6 +42,9 @@ func (a *api) didcommThread(w http.ResponseWriter, r *http.Request, project stri
 		a.fail(w, r, err)
 		return
 	}
+	if !a.mayReadThread(w, r, resourceName(project, "subscriptions", id)) {
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), threadTimeout)
 	defer cancel()
 	ros, err := a.receivedOrders(ctx, project, id, thread)

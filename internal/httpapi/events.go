@@ -44,6 +44,9 @@ func (a *api) events(w http.ResponseWriter, r *http.Request, project string) {
 		a.fail(w, r, err)
 		return
 	}
+	if !a.mayPublish(w, r, project, topic) {
+		return
+	}
 	if mediaType(r.Header.Get("Content-Type")) == event.ApplicationCloudEventsBatchJSON {
 		a.publishBatch(w, r, project, topic)
 		return

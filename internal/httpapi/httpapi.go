@@ -15,11 +15,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"cloud.google.com/go/iam/apiv1/iampb"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/broker"
+	"github.com/jetorder/jetorder/internal/iam"
 	"github.com/jetorder/jetorder/internal/status"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -87,6 +89,17 @@ type Config struct {
 	// status page at /; it may wait until ctx ends for a first reading.
 	// nil: neither is served (404).
 	Status func(ctx context.Context) *status.Status
+
+	// Guard authenticates every request and authorizes it as the Pub/Sub
+	// method it is or does needs (access.go); nil allows everything.
+	Guard *iam.Guard
+	// IAM serves the :getIamPolicy, :setIamPolicy and :testIamPermissions
+	// routes of topics, subscriptions, snapshots and schemas (with PubSub
+	// set); nil: they answer 404.
+	IAM iampb.IAMPolicyServer
+	// OpenPaths are the paths served to every caller with a Guard set:
+	// any of /healthz, /readyz and /metrics.
+	OpenPaths []string
 }
 
 type api struct {
@@ -101,6 +114,8 @@ type api struct {
 	rest           *restAPI // its routes; nil without it
 	webhook        webhookPolicy
 	status         func(context.Context) *status.Status // nil: no status page
+	guard          *iam.Guard                           // nil: no access control
+	openPaths      []string
 }
 
 // New returns the HTTP API's handler (routes in the package comment). It
@@ -123,6 +138,8 @@ func New(cfg Config) http.Handler {
 		pubsub:         cfg.PubSub,
 		webhook:        newWebhookPolicy(cfg.WebhookAllowedOrigins, cfg.WebhookAllowedRate),
 		status:         cfg.Status,
+		guard:          cfg.Guard,
+		openPaths:      cfg.OpenPaths,
 	}
 	if a.ready == nil {
 		a.ready = connected(a.b.Conn())
@@ -145,7 +162,7 @@ func New(cfg Config) http.Handler {
 	a.mux.HandleFunc("/v1/subscriptions/{subscription}/didcomm/threads/{thread}", a.inDefaultProject(a.didcommThread))
 	a.mux.HandleFunc("/v1/subscriptions/{subscription}/didcomm/threads/{$}", a.inDefaultProject(a.didcommThread))
 	if a.pubsub != nil {
-		a.rest = newRESTAPI(a.pubsub, cfg.Schemas)
+		a.rest = newRESTAPI(a.pubsub, cfg.Schemas, cfg.IAM)
 		a.restRoutes()
 	}
 	a.mux.HandleFunc("/healthz", a.healthz)
@@ -174,6 +191,14 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.log.Error("http handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p, "stack", string(debug.Stack()))
 		a.fail(w, r, errorf(http.StatusInternalServerError, "internal error: %v", p))
 	}()
+	if a.guard != nil && !slices.Contains(a.openPaths, r.URL.Path) {
+		ctx, err := a.guard.AuthenticateHTTP(r)
+		if err != nil {
+			a.restFail(w, r, err)
+			return
+		}
+		r = r.WithContext(ctx)
+	}
 	a.mux.ServeHTTP(w, r)
 }
 
@@ -207,7 +232,7 @@ func (a *api) topicAction(w http.ResponseWriter, r *http.Request, project string
 		a.fail(w, r, errorf(http.StatusNotFound, "no route for %s %s: a topic has the method :publish and the path /events", r.Method, r.URL.Path))
 		return
 	}
-	if !a.allow(w, r, http.MethodPost) {
+	if !a.allow(w, r, http.MethodPost) || !a.mayPublish(w, r, project, action[:i]) {
 		return
 	}
 	a.publish(w, r, project, action[:i])
@@ -342,7 +367,7 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) metrics(w http.ResponseWriter, r *http.Request) {
-	if !a.allow(w, r, http.MethodGet, http.MethodHead) {
+	if !a.allow(w, r, http.MethodGet, http.MethodHead) || !a.mayReadMetrics(w, r) {
 		return
 	}
 	a.metricsHandler.ServeHTTP(w, r)
@@ -350,7 +375,7 @@ func (a *api) metrics(w http.ResponseWriter, r *http.Request) {
 
 // statusPage serves the status page and its assets.
 func (a *api) statusPage(w http.ResponseWriter, r *http.Request) {
-	if !a.allow(w, r, http.MethodGet, http.MethodHead) {
+	if !a.allow(w, r, http.MethodGet, http.MethodHead) || !a.mayReadStatus(w, r) {
 		return
 	}
 	status.Page.ServeHTTP(w, r)
@@ -358,12 +383,12 @@ func (a *api) statusPage(w http.ResponseWriter, r *http.Request) {
 
 // statusJSON serves the sidecar's status (status.Status) as JSON.
 func (a *api) statusJSON(w http.ResponseWriter, r *http.Request) {
-	if !a.allow(w, r, http.MethodGet, http.MethodHead) {
+	if !a.allow(w, r, http.MethodGet, http.MethodHead) || !a.mayReadStatus(w, r) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), statusTimeout)
 	defer cancel()
-	st := a.status(ctx)
+	st := a.visibleStatus(r.Context(), a.status(ctx))
 	w.Header().Set("Cache-Control", "no-store")
 	a.writeJSON(w, http.StatusOK, st)
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"cloud.google.com/go/iam/apiv1/iampb"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -62,6 +63,9 @@ type restMethod struct {
 	method string
 	newReq func() proto.Message
 	call   func(context.Context, proto.Message) (proto.Message, error)
+	// also is the same RPC under another HTTP method and body rule
+	// (getIamPolicy: GET with the query, or POST with a body); nil for most.
+	also *restMethod
 }
 
 // rpc describes a method of the PubSub service. It panics if field is not
@@ -93,6 +97,22 @@ func (m *restMethod) on(method string) *restMethod {
 	return m
 }
 
+// or serves the call as m, or as m.also when r's method is its.
+func (m *restMethod) or(r *http.Request) *restMethod {
+	if m.also != nil && r.Method == m.also.method {
+		return m.also
+	}
+	return m
+}
+
+// methods are the HTTP methods m is served with.
+func (m *restMethod) methods() []string {
+	if m.also != nil {
+		return []string{m.method, m.also.method}
+	}
+	return []string{m.method}
+}
+
 // restCollection is a collection of resources, projects/{project}/{kind},
 // and the methods on it and on its resources.
 type restCollection struct {
@@ -115,7 +135,7 @@ type restAPI struct {
 	schemas                          *restCollection // nil without a SchemaService
 }
 
-func newRESTAPI(s PubSub, schemas pb.SchemaServiceServer) *restAPI {
+func newRESTAPI(s PubSub, schemas pb.SchemaServiceServer, policies iampb.IAMPolicyServer) *restAPI {
 	api := &restAPI{
 		topics: &restCollection{
 			kind: "topics",
@@ -182,6 +202,25 @@ func newRESTAPI(s PubSub, schemas pb.SchemaServiceServer) *restAPI {
 				"listRevisions":  rpc("ListSchemaRevisions", "name", "", schemas.ListSchemaRevisions).on(http.MethodGet),
 				"deleteRevision": rpc("DeleteSchemaRevision", "name", "", schemas.DeleteSchemaRevision).on(http.MethodDelete),
 			},
+		}
+	}
+	if policies != nil {
+		// google/pubsub/v1's service configuration: the IAMPolicy methods
+		// on each kind of resource, getIamPolicy as GET with
+		// options.requestedPolicyVersion in the query (the POST of
+		// iam_policy.proto's own rule is served too).
+		get := rpc("GetIamPolicy", "resource", "", policies.GetIamPolicy).on(http.MethodGet)
+		get.also = rpc("GetIamPolicy", "resource", "*", policies.GetIamPolicy)
+		for _, c := range []*restCollection{api.topics, api.subscriptions, api.snapshots, api.schemas} {
+			if c == nil {
+				continue
+			}
+			if c.verbs == nil {
+				c.verbs = map[string]*restMethod{}
+			}
+			c.verbs["getIamPolicy"] = get
+			c.verbs["setIamPolicy"] = rpc("SetIamPolicy", "resource", "*", policies.SetIamPolicy)
+			c.verbs["testIamPermissions"] = rpc("TestIamPermissions", "resource", "*", policies.TestIamPermissions)
 		}
 	}
 	return api
@@ -268,8 +307,8 @@ func (a *api) restResource(w http.ResponseWriter, r *http.Request, c *restCollec
 			r.Method, r.URL.Path, strings.TrimSuffix(c.kind, "s"), verb, orNone(strings.Join(verbs, ", "))))
 		return
 	}
-	if a.allow(w, r, m.method) {
-		a.serveREST(w, r, m, name)
+	if a.allow(w, r, m.methods()...) {
+		a.serveREST(w, r, m.or(r), name)
 	}
 }
 
@@ -317,11 +356,16 @@ func (a *api) serveREST(w http.ResponseWriter, r *http.Request, m *restMethod, n
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), restTimeout)
 	defer cancel()
+	if err := a.guard.Authorize(ctx, m.rpc, req); err != nil {
+		a.restFail(w, r, err)
+		return
+	}
 	resp, err := m.call(ctx, req)
 	if err != nil {
 		a.restFail(w, r, err)
 		return
 	}
+	a.guard.Done(ctx, req)
 	a.writeProto(w, r, resp, opts)
 }
 
@@ -693,6 +737,9 @@ func (a *api) restFail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	if rc.http == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
+	}
+	if rc.http == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="jetorder"`)
 	}
 	body := restErrorBody{restErrorDetail{Code: rc.http, Status: rc.name, Message: st.Message()}}
 	for _, d := range st.Proto().GetDetails() {

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"cloud.google.com/go/iam/apiv1/iampb"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
@@ -32,6 +33,7 @@ import (
 	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/internal/embedded"
 	"github.com/jetorder/jetorder/internal/httpapi"
+	"github.com/jetorder/jetorder/internal/iam"
 	"github.com/jetorder/jetorder/internal/metrics"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 	"github.com/jetorder/jetorder/internal/push"
@@ -45,6 +47,21 @@ type Config struct {
 	HTTPAddr string // HTTP API; "" or "off" disables it
 	// TLSCert and TLSKey, when set, serve both APIs over TLS.
 	TLSCert, TLSKey string
+
+	// Access control (docs/SIDECAR.md, "Access control"): any of
+	// TLSClientCA, AuthTokens and AuthJWKS turns it on.
+	TLSClientCA      string   // CA file verifying client certificates, which name principals
+	AuthTokens       string   // bearer tokens file (iam.Config.TokensFile)
+	AuthJWKS         string   // JWKS file verifying bearer JWTs
+	AuthJWTIssuer    string   // the iss JWTs must have; "" any
+	AuthJWTAudiences []string // JWTs must name one
+	IAMPolicy        string   // project-level policy file; "" every authenticated caller is admin
+	// AllowUnauthenticated lets the APIs listen beyond loopback without
+	// access control; otherwise Run refuses to start.
+	AllowUnauthenticated bool
+	// OpenEndpoints are HTTP paths served without access control, of
+	// /healthz, /readyz and /metrics.
+	OpenEndpoints []string
 
 	DataDir string // the embedded server's JetStream store
 	// Sync is when the embedded server's writes reach stable storage
@@ -125,6 +142,10 @@ type sidecar struct {
 	b   *broker.Broker
 	api *pubsubapi.Server
 
+	schemas  *schemaapi.Server
+	guard    *iam.Guard // nil without access control
+	policies *iam.Store // resource policies, with access control
+
 	gs      *grpc.Server
 	hs      *health.Server
 	gl      net.Listener
@@ -174,6 +195,9 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 					_ = l.Close()
 				}
 			}
+			if s.policies != nil {
+				s.policies.Close()
+			}
 			s.closeNATS()
 		}
 	}()
@@ -198,6 +222,15 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		}
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 		s.tls = true
+		if cfg.TLSClientCA != "" {
+			pool, err := loadCA(cfg.TLSClientCA)
+			if err != nil {
+				return nil, fmt.Errorf("--tls-client-ca: %w", err)
+			}
+			// If given: a caller may authenticate with a token instead,
+			// and /healthz needs no certificate.
+			tlsConf.ClientCAs, tlsConf.ClientAuth = pool, tls.VerifyClientCertIfGiven
+		}
 	}
 	if s.gl, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("--grpc-addr: %w", err)
@@ -208,6 +241,13 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 			return nil, fmt.Errorf("--http-addr: %w", err)
 		}
 		s.where.HTTP = s.hl.Addr().String()
+	}
+
+	if err := s.checkExposure(); err != nil {
+		return nil, err
+	}
+	if err := s.setupAccess(ctx); err != nil {
+		return nil, err
 	}
 
 	syncDesc, syncRisk := s.describeSync()
@@ -225,7 +265,8 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 	s.b = broker.New(s.nc, log, reg, aopts...)
 	s.b.BucketReplicas = max(cfg.Replicas, 1)
 	s.b.Durable = durable
-	schemas := schemaapi.New(s.b.Conn(), max(cfg.Replicas, 1), log)
+	s.schemas = schemaapi.New(s.b.Conn(), max(cfg.Replicas, 1), log)
+	schemas := s.schemas
 	s.api = pubsubapi.New(s.b, pubsubapi.Config{
 		MaxOutstandingMessages: cfg.MaxOutstandingMessages,
 		MaxStreams:             cfg.MaxStreams,
@@ -254,6 +295,10 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		grpc.ChainUnaryInterceptor(logUnary(log)),
 		grpc.ChainStreamInterceptor(logStream(log)),
 	}
+	if s.guard != nil { // after the log, which then shows refusals too
+		gopts = append(gopts, grpc.ChainUnaryInterceptor(s.guard.UnaryInterceptor()),
+			grpc.ChainStreamInterceptor(s.guard.StreamInterceptor()))
+	}
 	if durable != nil {
 		gopts = append(gopts, grpc.ChainUnaryInterceptor(syncUnary(durable)))
 	}
@@ -263,6 +308,12 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 	s.gs = grpc.NewServer(gopts...)
 	s.api.Register(s.gs)
 	schemas.Register(s.gs)
+	var policies iampb.IAMPolicyServer
+	if s.guard != nil {
+		svc := s.guard.Service()
+		svc.Register(s.gs)
+		policies = svc
+	}
 	// Health: SERVING while NATS and JetStream answer (they do by now),
 	// NOT_SERVING while they do not, and from the start of shutdown.
 	s.hs = health.NewServer()
@@ -278,6 +329,9 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 			PubSub:         s.api, // the Pub/Sub REST API, over the gRPC server's methods
 			Schemas:        schemas,
 			Status:         s.api.Status,
+			Guard:          s.guard,
+			IAM:            policies,
+			OpenPaths:      cfg.OpenEndpoints,
 
 			WebhookAllowedOrigins: cfg.WebhookAllowedOrigins,
 			WebhookAllowedRate:    cfg.WebhookAllowedRate,
@@ -436,6 +490,9 @@ func (s *sidecar) shutdown() {
 		<-s.grpcDone
 	})
 	apis.Wait()
+	if s.policies != nil {
+		s.policies.Close()
+	}
 
 	// 5. Close the adapter clients.
 	s.within(ctx, "flush publishes and close the adapter clients", s.b.Close, nil)

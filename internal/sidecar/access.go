@@ -1,0 +1,147 @@
+package sidecar
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/jetorder/jetorder/internal/iam"
+)
+
+// accessConfigured reports whether any way to authenticate callers is
+// configured, which turns access control on.
+func (c Config) accessConfigured() bool {
+	return c.TLSClientCA != "" || c.AuthTokens != "" || c.AuthJWKS != ""
+}
+
+// checkExposure refuses APIs that listen beyond loopback without access
+// control, unless AllowUnauthenticated says so: whoever reaches such a
+// port could read, delete and seek anything.
+func (s *sidecar) checkExposure() error {
+	if s.cfg.accessConfigured() || s.cfg.AllowUnauthenticated {
+		return nil
+	}
+	for _, l := range []struct {
+		flag string
+		addr interface{ String() string }
+		open bool
+	}{{"--grpc-addr", s.gl.Addr(), beyondLoopback(s.gl.Addr())}, {"--http-addr", addrOf(s.hl), s.hl != nil && beyondLoopback(s.hl.Addr())}} {
+		if l.open {
+			return fmt.Errorf("%s %s listens beyond loopback without access control: configure --auth-tokens, --tls-client-ca or --auth-jwks (docs/SIDECAR.md, \"Access control\"), or pass --allow-unauthenticated to serve anyone who reaches it", l.flag, l.addr)
+		}
+	}
+	return nil
+}
+
+func addrOf(l interface{ Addr() net.Addr }) interface{ String() string } {
+	if l == nil {
+		return nil
+	}
+	return l.Addr()
+}
+
+// setupAccess builds the guard, with the resource policies' store, when
+// access control is configured.
+func (s *sidecar) setupAccess(ctx context.Context) error {
+	cfg := s.cfg
+	if !cfg.accessConfigured() {
+		return nil
+	}
+	projects := iam.DefaultProjectPolicy()
+	if cfg.IAMPolicy != "" {
+		var err error
+		if projects, err = iam.LoadProjectPolicy(cfg.IAMPolicy); err != nil {
+			return fmt.Errorf("--iam-policy: %w", err)
+		}
+	}
+	var jwt *iam.JWTConfig
+	if cfg.AuthJWKS != "" {
+		jwt = &iam.JWTConfig{JWKSFile: cfg.AuthJWKS, Issuer: cfg.AuthJWTIssuer, Audiences: cfg.AuthJWTAudiences}
+	}
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	store, err := iam.OpenStore(octx, s.js, max(cfg.Replicas, 1), s.log)
+	if err != nil {
+		return err
+	}
+	g, err := iam.New(iam.Config{
+		TokensFile:  cfg.AuthTokens,
+		ClientCerts: cfg.TLSClientCA != "",
+		JWT:         jwt,
+		Projects:    projects,
+		Policies:    store,
+		TopicOf:     s.topicOf,
+		Exists:      s.exists,
+		Logger:      s.log,
+	})
+	if err != nil {
+		store.Close()
+		return err
+	}
+	s.guard, s.policies = g, store
+	policy := "every authenticated caller is roles/pubsub.admin (no --iam-policy)"
+	if cfg.IAMPolicy != "" {
+		policy = cfg.IAMPolicy
+	}
+	s.log.Info("access control on", "authentication", g.Describe(), "iam_policy", policy, "open_endpoints", cfg.OpenEndpoints)
+	return nil
+}
+
+// topicOf is the topic a subscription is attached to.
+func (s *sidecar) topicOf(ctx context.Context, sub string) (string, error) {
+	got, err := s.api.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: sub})
+	if err != nil {
+		return "", err
+	}
+	return got.GetTopic(), nil
+}
+
+// exists returns nil when resource exists, else the Get method's error
+// (NOT_FOUND).
+func (s *sidecar) exists(ctx context.Context, resource string) error {
+	var err error
+	switch kindOf(resource) {
+	case "topics":
+		_, err = s.api.GetTopic(ctx, &pb.GetTopicRequest{Topic: resource})
+	case "subscriptions":
+		_, err = s.api.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: resource})
+	case "snapshots":
+		_, err = s.api.GetSnapshot(ctx, &pb.GetSnapshotRequest{Snapshot: resource})
+	case "schemas":
+		_, err = s.schemas.GetSchema(ctx, &pb.GetSchemaRequest{Name: resource})
+	default:
+		err = status.Errorf(codes.InvalidArgument, "Invalid resource name %q", resource)
+	}
+	return err
+}
+
+// kindOf is the collection of a resource name projects/P/KIND/ID.
+func kindOf(resource string) string {
+	parts := strings.Split(resource, "/")
+	if len(parts) != 4 || parts[0] != "projects" {
+		return ""
+	}
+	return parts[2]
+}
+
+// loadCA reads a PEM file of CA certificates.
+func loadCA(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, errors.New(path + ": no PEM certificates")
+	}
+	return pool, nil
+}
