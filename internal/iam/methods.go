@@ -87,14 +87,14 @@ var rules = map[protoreflect.FullName]rule{
 	name[*pb.GetSubscriptionRequest]():    on(SubscriptionsGet, (*pb.GetSubscriptionRequest).GetSubscription),
 	name[*pb.UpdateSubscriptionRequest](): on(SubscriptionsUpdate, func(r *pb.UpdateSubscriptionRequest) string { return r.GetSubscription().GetName() }),
 	name[*pb.ListSubscriptionsRequest]():  on(SubscriptionsList, (*pb.ListSubscriptionsRequest).GetProject),
-	name[*pb.DeleteSubscriptionRequest]():  on(SubscriptionsDelete, (*pb.DeleteSubscriptionRequest).GetSubscription),
-	name[*pb.ModifyAckDeadlineRequest]():   on(SubscriptionsConsume, (*pb.ModifyAckDeadlineRequest).GetSubscription),
-	name[*pb.AcknowledgeRequest]():         on(SubscriptionsConsume, (*pb.AcknowledgeRequest).GetSubscription),
-	name[*pb.PullRequest]():                on(SubscriptionsConsume, (*pb.PullRequest).GetSubscription),
-	name[*pb.StreamingPullRequest]():       on(SubscriptionsConsume, (*pb.StreamingPullRequest).GetSubscription),
-	name[*pb.ModifyPushConfigRequest]():    on(SubscriptionsUpdate, (*pb.ModifyPushConfigRequest).GetSubscription),
-	name[*pb.GetSnapshotRequest]():         on(SnapshotsGet, (*pb.GetSnapshotRequest).GetSnapshot),
-	name[*pb.ListSnapshotsRequest]():       on(SnapshotsList, (*pb.ListSnapshotsRequest).GetProject),
+	name[*pb.DeleteSubscriptionRequest](): on(SubscriptionsDelete, (*pb.DeleteSubscriptionRequest).GetSubscription),
+	name[*pb.ModifyAckDeadlineRequest]():  on(SubscriptionsConsume, (*pb.ModifyAckDeadlineRequest).GetSubscription),
+	name[*pb.AcknowledgeRequest]():        on(SubscriptionsConsume, (*pb.AcknowledgeRequest).GetSubscription),
+	name[*pb.PullRequest]():               on(SubscriptionsConsume, (*pb.PullRequest).GetSubscription),
+	name[*pb.StreamingPullRequest]():      on(SubscriptionsConsume, (*pb.StreamingPullRequest).GetSubscription),
+	name[*pb.ModifyPushConfigRequest]():   on(SubscriptionsUpdate, (*pb.ModifyPushConfigRequest).GetSubscription),
+	name[*pb.GetSnapshotRequest]():        on(SnapshotsGet, (*pb.GetSnapshotRequest).GetSnapshot),
+	name[*pb.ListSnapshotsRequest]():      on(SnapshotsList, (*pb.ListSnapshotsRequest).GetProject),
 	name[*pb.CreateSnapshotRequest](): func(_ context.Context, _ *Guard, req proto.Message) []need {
 		r := req.(*pb.CreateSnapshotRequest)
 		return []need{{SnapshotsCreate, projectOf(r.GetName())}, {SubscriptionsConsume, r.GetSubscription()}}
