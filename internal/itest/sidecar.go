@@ -92,6 +92,13 @@ func StartErr(t testing.TB, cfg sidecar.Config, opts ...Option) (*Sidecar, error
 	if err := o.validate(); err != nil {
 		t.Fatalf("itest.Start: %v", err)
 	}
+	if o.access != nil {
+		o.tls = &o.access.Certs
+		cfg.TLSClientCA, cfg.AuthTokens, cfg.IAMPolicy = o.access.Certs.CA, o.access.TokensFile, o.access.PolicyFile
+		if cfg.OpenEndpoints == nil {
+			cfg.OpenEndpoints = []string{"/healthz", "/readyz"}
+		}
+	}
 	if o.tls != nil {
 		cfg.TLSCert, cfg.TLSKey = o.tls.ServerCert, o.tls.ServerKey
 	}
@@ -213,6 +220,22 @@ func flags(cfg sidecar.Config) []string {
 	str("http-addr", cfg.HTTPAddr)
 	str("tls-cert", cfg.TLSCert)
 	str("tls-key", cfg.TLSKey)
+	str("tls-client-ca", cfg.TLSClientCA)
+	str("auth-tokens", cfg.AuthTokens)
+	str("auth-jwks", cfg.AuthJWKS)
+	str("auth-jwt-issuer", cfg.AuthJWTIssuer)
+	str("auth-jwt-audience", strings.Join(cfg.AuthJWTAudiences, ","))
+	str("iam-policy", cfg.IAMPolicy)
+	if cfg.AllowUnauthenticated {
+		str("allow-unauthenticated", "true")
+	}
+	if cfg.OpenEndpoints != nil {
+		var open []string
+		for _, e := range cfg.OpenEndpoints {
+			open = append(open, strings.TrimPrefix(e, "/"))
+		}
+		args = append(args, "--open-endpoints="+strings.Join(open, ","))
+	}
 	str("data-dir", cfg.DataDir)
 	str("sync", string(cfg.Sync))
 	str("nats-listen", cfg.NATSListen)
@@ -319,6 +342,7 @@ type options struct {
 	env     []string
 	log     *slog.Logger
 	tls     *testutil.Certs
+	access  *Access
 	timeout time.Duration
 }
 
@@ -360,6 +384,11 @@ func Logger(log *slog.Logger) Option { return func(o *options) { o.log = log } }
 // TLS serves both APIs with the server certificate of certs, and makes
 // the sidecar's GoClient and Conn trust their CA.
 func TLS(certs testutil.Certs) Option { return func(o *options) { o.tls = &certs } }
+
+// WithAccess turns access control on, as a configures it: TLS with its
+// certificates (client certificates verified by its CA), its tokens and
+// its project policy; /healthz and /readyz stay open.
+func WithAccess(a *Access) Option { return func(o *options) { o.access = a } }
 
 // ReadyTimeout bounds the wait for the sidecar to listen: default 30s
 // in-process, 60s for a binary.
