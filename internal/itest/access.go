@@ -2,10 +2,15 @@ package itest
 
 import (
 	"context"
+	"crypto"
 	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"math/big"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -154,4 +159,51 @@ func (s *Sidecar) HTTPURL() string {
 		return "https://" + s.HTTP
 	}
 	return "http://" + s.HTTP
+}
+
+// JWTIssuer signs RS256 JWTs with a key of its own, whose JWKS file the
+// sidecar's --auth-jwks reads.
+type JWTIssuer struct {
+	JWKSFile string
+	key      *rsa.PrivateKey
+}
+
+// NewJWTIssuer makes a key and writes its JWKS file (kid "test").
+func NewJWTIssuer(t testing.TB) *JWTIssuer {
+	t.Helper()
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b64 := base64.RawURLEncoding.EncodeToString
+	jwks, err := json.Marshal(map[string]any{"keys": []map[string]string{{
+		"kty": "RSA", "kid": "test", "alg": "RS256", "use": "sig",
+		"n": b64(key.N.Bytes()), "e": b64(big.NewInt(int64(key.E)).Bytes()),
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := &JWTIssuer{JWKSFile: filepath.Join(t.TempDir(), "jwks.json"), key: key}
+	if err := os.WriteFile(j.JWKSFile, jwks, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// Sign returns a JWT with claims, signed by the issuer's key.
+func (j *JWTIssuer) Sign(t testing.TB, claims map[string]any) string {
+	t.Helper()
+	b64 := base64.RawURLEncoding.EncodeToString
+	header, _ := json.Marshal(map[string]string{"alg": "RS256", "typ": "JWT", "kid": "test"})
+	payload, err := json.Marshal(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed := b64(header) + "." + b64(payload)
+	sum := sha256.Sum256([]byte(signed))
+	sig, err := rsa.SignPKCS1v15(rand.Reader, j.key, crypto.SHA256, sum[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signed + "." + b64(sig)
 }

@@ -6,6 +6,7 @@
 package itest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -94,7 +95,9 @@ func StartErr(t testing.TB, cfg sidecar.Config, opts ...Option) (*Sidecar, error
 	}
 	if o.access != nil {
 		o.tls = &o.access.Certs
-		cfg.TLSClientCA, cfg.AuthTokens, cfg.IAMPolicy = o.access.Certs.CA, o.access.TokensFile, o.access.PolicyFile
+		cfg.TLSClientCA = o.access.Certs.CA
+		cfg.AuthTokens = cmp.Or(cfg.AuthTokens, o.access.TokensFile)
+		cfg.IAMPolicy = cmp.Or(cfg.IAMPolicy, o.access.PolicyFile) // a test's own policy wins
 		if cfg.OpenEndpoints == nil {
 			cfg.OpenEndpoints = []string{"/healthz", "/readyz"}
 		}

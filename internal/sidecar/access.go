@@ -54,6 +54,9 @@ func addrOf(l interface{ Addr() net.Addr }) interface{ String() string } {
 func (s *sidecar) setupAccess(ctx context.Context) error {
 	cfg := s.cfg
 	if !cfg.accessConfigured() {
+		if cfg.IAMPolicy != "" {
+			return errors.New("--iam-policy needs a way to authenticate callers: --auth-tokens, --tls-client-ca or --auth-jwks")
+		}
 		return nil
 	}
 	projects := iam.DefaultProjectPolicy()
