@@ -3,11 +3,16 @@
 # /data.
 #
 #   docker build -t jetorder-sidecar --build-arg COMMIT=$(git rev-parse HEAD) .
-#   docker run -p 8085:8085 -p 8080:8080 -v jetorder-data:/data jetorder-sidecar
+#   docker run -p 8085:8085 -p 8080:8080 -v jetorder-data:/data -v $PWD/auth:/auth:ro \
+#     jetorder-sidecar --tls-cert /auth/server.pem --tls-key /auth/server-key.pem \
+#     --auth-tokens /auth/tokens --iam-policy /auth/policy.json
 #
-# Both APIs listen on every interface of the container (the sidecar warns
-# that they do so without TLS): publish the ports to the hosts that should
-# reach them. Flags go after the image name, or as JETORDER_* variables.
+# Both APIs listen on every interface of the container, so the sidecar
+# needs access control to start (docs/SIDECAR.md, "Access control"): tokens,
+# client certificates or JWTs, best over TLS. For a local trial without it,
+# pass --allow-unauthenticated (JETORDER_ALLOW_UNAUTHENTICATED=true) and
+# publish the ports to loopback only (-p 127.0.0.1:8085:8085). Flags go
+# after the image name, or as JETORDER_* variables.
 
 # GO_IMAGE: a Debian-based Go toolchain image (a shell, ca-certificates).
 ARG GO_IMAGE=golang:1.26-bookworm

@@ -42,6 +42,12 @@ func TestParseConfig(t *testing.T) {
 		{"--webhook-allowed-rate", "-5"},
 		{"--webhook-allowed-rate", "fast"},
 		{"stray"},
+		{"--tls-client-ca", "ca.pem"},                             // without --tls-cert
+		{"--auth-jwks", "jwks.json"},                              // without an audience
+		{"--auth-jwt-audience", "jetorder"},                       // without --auth-jwks
+		{"--iam-policy", "policy.json"},                           // without authentication
+		{"--auth-tokens", "tokens", "--open-endpoints", "status"}, // not an endpoint
+		{"--allow-unauthenticated", "maybe"},
 	} {
 		if _, err := parseConfig(bad, io.Discard); err == nil {
 			t.Errorf("parseConfig(%q) accepted", bad)
@@ -115,5 +121,23 @@ func TestParseConfigSecurityDefaults(t *testing.T) {
 	if cfg.NATSUser != "app" || cfg.NATSPassword != "secret" || cfg.NATSToken != "tok" ||
 		cfg.NATSTLSCA != "ca.pem" || cfg.NATSTLSCert != "c.pem" || cfg.NATSTLSKey != "k.pem" {
 		t.Errorf("credentials: %+v", cfg.Config)
+	}
+}
+
+func TestParseConfigAccess(t *testing.T) {
+	cfg, err := parseConfig(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.AllowUnauthenticated || !slices.Equal(cfg.OpenEndpoints, []string{"/healthz", "/readyz"}) {
+		t.Errorf("defaults: allow-unauthenticated %v, open endpoints %v", cfg.AllowUnauthenticated, cfg.OpenEndpoints)
+	}
+	t.Setenv("JETORDER_ALLOW_UNAUTHENTICATED", "true")
+	cfg, err = parseConfig([]string{"--auth-jwks", "jwks.json", "--auth-jwt-audience", "a, b", "--open-endpoints", "metrics,healthz", "--auth-tokens", "tokens", "--iam-policy", "p.json"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.AllowUnauthenticated || !slices.Equal(cfg.AuthJWTAudiences, []string{"a", "b"}) || !slices.Equal(cfg.OpenEndpoints, []string{"/metrics", "/healthz"}) || cfg.IAMPolicy != "p.json" {
+		t.Errorf("parsed %+v", cfg.Config)
 	}
 }
