@@ -131,7 +131,14 @@ func (g *Guard) Authorize(ctx context.Context, method string, req proto.Message)
 		g.deny(caller, method, "", "(no rule for "+string(req.ProtoReflect().Descriptor().FullName())+")")
 		return g.refusal(caller)
 	}
-	for _, n := range r(ctx, g, req) {
+	needs := r(ctx, g, req)
+	if len(needs) == 0 && caller.Principal == "" {
+		// A call that needs no permission (TestIamPermissions) still needs
+		// a caller with credentials, as every call of Google's service.
+		g.deny(caller, method, "", "(credentials)")
+		return errMissingCredentials
+	}
+	for _, n := range needs {
 		if !g.allowed(caller.Principal, n.perm, n.resource) {
 			g.deny(caller, method, n.resource, n.perm)
 			return g.refusal(caller)
