@@ -218,13 +218,14 @@ func (a *api) inDefaultProject(h projectHandler) http.HandlerFunc {
 	}
 }
 
-// topicAction serves topics/{topic}:{verb}, where only :publish exists,
-// and, with the REST API, the topic itself under /v1/projects/ (Google's
-// REST API has no /v1/topics/{topic}).
+// topicAction serves topics/{topic}:publish and, with the REST API, under
+// /v1/projects/ (Google's REST API has no /v1/topics/{topic}), the topic
+// itself and its other verbs (:getIamPolicy, :setIamPolicy and
+// :testIamPermissions with the IAM service).
 func (a *api) topicAction(w http.ResponseWriter, r *http.Request, project string) {
 	action := r.PathValue("action")
 	i := strings.LastIndexByte(action, ':')
-	if i < 0 && a.rest != nil && r.PathValue("project") != "" {
+	if a.rest != nil && r.PathValue("project") != "" && (i < 0 || a.rest.topics.verbs[action[i+1:]] != nil) {
 		a.restTopic(w, r, project, action)
 		return
 	}
