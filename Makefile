@@ -1,14 +1,14 @@
 # jetorder: ordering keys on NATS JetStream.
 GO ?= go
 
-.PHONY: run test browser bench soak fuzz build
+.PHONY: run test browser node-deps bench soak fuzz build
 
 ## run: start the sidecar with its embedded NATS server (data in ./data)
 run:
 	$(GO) run ./cmd/sidecar --data-dir ./data --nats-listen 127.0.0.1:4222
 
 ## test: vet and run every test with the race detector; the integration suite runs twice, the second time with per-key delivery
-test: browser
+test: browser node-deps
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
 	# -count=1: the test cache does not see the variable (read at package init)
@@ -17,6 +17,21 @@ test: browser
 ## browser: a Chromium for the status page's browser test; .ci/chromium installs Debian's chromium when none is found (as root)
 browser:
 	bash .ci/chromium
+
+## node-deps: Google's Node.js client for integration/access's Node test (npm ci in integration/access/node, again when its lock file changes)
+# Without npm the test is skipped, unless JETORDER_REQUIRE_NODE=1 (CI), where
+# this fails.
+NODE_DIR := integration/access/node
+node-deps: $(NODE_DIR)/node_modules/.package-lock.json
+$(NODE_DIR)/node_modules/.package-lock.json: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		echo "cd $(NODE_DIR) && npm ci --no-audit --no-fund --ignore-scripts"; \
+		cd $(NODE_DIR) && npm ci --no-audit --no-fund --ignore-scripts && touch node_modules/.package-lock.json; \
+	elif [ "$${JETORDER_REQUIRE_NODE:-}" = 1 ]; then \
+		echo "node-deps: npm not found; JETORDER_REQUIRE_NODE=1 wants the Node client's test to run (install Node.js and npm)" >&2; exit 1; \
+	else \
+		echo "node-deps: npm not found; the Node client's test will be skipped (install Node.js and npm)" >&2; \
+	fi
 
 ## bench: throughput, latency and memory against raw JetStream baselines; charts of them into docs/bench
 # Flags through BENCHFLAGS, e.g. make bench BENCHFLAGS='-runs ordered -rounds 1'.
