@@ -25,6 +25,9 @@
 //     subscriptions, and throughput at 1,000 keys and 1 key;
 //   - the sidecar's status page, /v1/status and /metrics with 100,000 keys
 //     in flight (status.go);
+//   - with -runs auth only (not by default): what access control costs
+//     the sidecar's publish and receive paths, over TLS without and with
+//     it, through Google's Go client at 256 keys (auth.go);
 //   - process RSS (the embedded server runs in this process too).
 //
 // Every delivery run publishes its messages first and then times
@@ -66,7 +69,7 @@ var (
 	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
 	rounds      = flag.Int("rounds", 3, "rounds of baselines and adapter runs (key counts over 256 run once, in an extra last round)")
 	burstKeys   = flag.Int("burst", 10_000, "keys in the new-key burst run (0 skips it)")
-	runs        = flag.String("runs", "ordered,publish,durability,burst,latency,didcomm,sidecar,pipelined,modes,status", "which runs to do, comma-separated")
+	runs        = flag.String("runs", "ordered,publish,durability,burst,latency,didcomm,sidecar,pipelined,modes,status", "which runs to do, comma-separated (auth is not among the defaults)")
 )
 
 const project = "bench"
@@ -91,7 +94,7 @@ func main() {
 	check(err)
 	client, err := adapter.NewClient(nc, project, adapter.WithKeyConsumerIdleTimeout(*idleTimeout))
 	check(err)
-	b := &bench{nc: nc, js: js, client: client}
+	b := &bench{nc: nc, js: js, client: client, tmp: dir}
 
 	fmt.Printf("jetorder bench: %s, GOMAXPROCS=%d, payload %d B, file storage, one process (server embedded)\n\n",
 		runtime.Version(), runtime.GOMAXPROCS(0), *payloadSize)
@@ -263,6 +266,9 @@ func main() {
 	if selected("status") {
 		b.status()
 	}
+	if selected("auth") {
+		charts = append(charts, b.auth())
+	}
 	fmt.Printf("process RSS at end: %s\n", rss())
 	if *chartsDir != "" {
 		check(writeCharts(*chartsDir, charts))
@@ -333,6 +339,7 @@ type bench struct {
 	js     jetstream.JetStream
 	client *adapter.Client
 	seq    int
+	tmp    string // the run's temp dir (the embedded server's store is in it too)
 	// deliveryProfile, when set, is the file the next deliverIn or
 	// modeThroughput writes a CPU profile of its delivery to (publishing
 	// left out); it is cleared then.
