@@ -63,7 +63,7 @@ type Config struct {
 // Guard authenticates callers and authorizes their calls. A nil *Guard
 // allows everything.
 type Guard struct {
-	tokens   []tokenEntry
+	tokens   tokenSet
 	mtls     bool
 	jwt      *JWTVerifier
 	projects *ProjectPolicy

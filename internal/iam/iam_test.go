@@ -115,7 +115,7 @@ func TestTokensFile(t *testing.T) {
 		return p
 	}
 	hash := sha256.Sum256([]byte("hashed-token-of-the-ci-job"))
-	entries, err := loadTokens(write("# comment\n\nuser:alice@example.com plain-token-of-alice\nserviceAccount:ci sha256:" + hex.EncodeToString(hash[:]) + "\n"))
+	tokens, err := loadTokens(write("# comment\n\nuser:alice@example.com plain-token-of-alice\nserviceAccount:ci sha256:" + hex.EncodeToString(hash[:]) + "\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,8 +126,8 @@ func TestTokensFile(t *testing.T) {
 		"sha256:" + hex.EncodeToString(hash[:]): "", // the hash is not the token
 		"":                                      "",
 	} {
-		if got := lookupToken(entries, token); got != want {
-			t.Errorf("lookupToken(%q) = %q, want %q", token, got, want)
+		if got := tokens.principal(token); got != want {
+			t.Errorf("principal(%q) = %q, want %q", token, got, want)
 		}
 	}
 	for _, bad := range []struct{ content, want string }{
