@@ -62,7 +62,18 @@ func (r *subRecord) partitionConsumerConfig(pinTTL time.Duration, i int) jetstre
 type partitionedMode struct {
 	r     *receiver
 	parts []*partition // set by start, read-only after
-	ccs   []jetstream.ConsumeContext
+
+	// The pulls follow the assignment (balance.go).
+	pullMu      sync.Mutex // guards pullStopped and every partition's cc
+	pullStopped bool
+	// members are the subscription's receivers this one knows, by
+	// presence id, with their records' revisions: start, then
+	// watchMembers alone uses it.
+	members map[string]uint64
+	// recorded are the partitions' recorded owners (presence ids), as
+	// watchOwners reads them, for the assignment to keep them.
+	recordedMu sync.Mutex
+	recorded   []string
 
 	confirmMu   sync.Mutex
 	confirmQ    []*delivery // acked, waiting for the server to have the ack
@@ -92,6 +103,9 @@ type partition struct {
 	index int
 	limit int
 	cons  jetstream.Consumer
+	// cc pulls the partition's messages while it is assigned to this
+	// receiver; nil while not (m.pullMu).
+	cc jetstream.ConsumeContext
 	// stream is the topic's stream: unpin goes through it.
 	stream jetstream.Stream
 
@@ -128,23 +142,30 @@ func (m *partitionedMode) start(ctx context.Context) error {
 		}
 		p := &partition{m: m, r: r, index: i, limit: r.rec.PartitionBuffer, cons: cons, stream: stream, g: newGates(r.keyWindow())}
 		m.parts = append(m.parts, p)
-		// A pull request must reach the server well within the pin's TTL,
-		// or an idle owner loses its partition.
-		expiry := max(cons.CachedInfo().Config.PinnedTTL/3, time.Second)
-		cc, err := cons.Consume(p.onMsg,
-			jetstream.PullPriorityGroup(partitionGroup),
-			jetstream.PullExpiry(expiry),
-			jetstream.PullMaxMessages(min(r.rec.PartitionBuffer, 1000)),
-			jetstream.ConsumeErrHandler(p.onErr))
-		if err != nil {
-			return fmt.Errorf("partition %d: %w", i, err)
-		}
-		m.ccs = append(m.ccs, cc)
 	}
-	m.loops.Add(2)
+	m.recorded = make([]string, len(m.parts))
+	w, err := m.join(ctx)
+	if err != nil {
+		return fmt.Errorf("record member: %w", err)
+	}
+	m.follow(m.assignment())
+	m.loops.Add(3)
 	go m.confirmAcks()
 	go m.watchOwners()
+	go m.watchMembers(w)
 	return nil
+}
+
+// pull starts pulling the partition's messages.
+func (p *partition) pull() (jetstream.ConsumeContext, error) {
+	// A pull request must reach the server well within the pin's TTL, or
+	// an idle owner loses its partition.
+	expiry := max(p.cons.CachedInfo().Config.PinnedTTL/3, time.Second)
+	return p.cons.Consume(p.onMsg,
+		jetstream.PullPriorityGroup(partitionGroup),
+		jetstream.PullExpiry(expiry),
+		jetstream.PullMaxMessages(min(p.r.rec.PartitionBuffer, 1000)),
+		jetstream.ConsumeErrHandler(p.onErr))
 }
 
 // check unblocks keys waiting for a message the stream no longer has.
@@ -170,10 +191,20 @@ func (m *partitionedMode) stop(deadline time.Time) {
 		p.g.stop()
 		p.mu.Unlock()
 	}
-	for _, cc := range m.ccs {
+	m.pullMu.Lock()
+	m.pullStopped = true
+	var ccs []jetstream.ConsumeContext
+	for _, p := range m.parts {
+		if p.cc != nil {
+			ccs = append(ccs, p.cc)
+			p.cc = nil
+		}
+	}
+	m.pullMu.Unlock()
+	for _, cc := range ccs {
 		cc.Drain()
 	}
-	for _, cc := range m.ccs {
+	for _, cc := range ccs {
 		select {
 		case <-cc.Closed():
 		case <-time.After(time.Until(deadline)):
@@ -187,6 +218,7 @@ func (m *partitionedMode) stop(deadline time.Time) {
 // held, and gives up the partitions this process owns, so another receiver
 // takes them over without waiting for the pin's TTL.
 func (m *partitionedMode) end(deadline time.Time) {
+	m.leave(deadline)
 	m.confirmRemaining(nil)
 	var left []*delivery
 	m.eachHeld(func(d *delivery) { left = append(left, d) })

@@ -209,6 +209,7 @@ func (m *partitionedMode) watchOwners() {
 				i, err := strconv.Atoi(strings.TrimPrefix(e.Key(), prefix))
 				if rec, ok := parseOwnerRecord(e.Value()); err == nil && ok {
 					records[i] = rec
+					m.setRecorded(i, rec.receiver)
 				}
 				continue
 			}

@@ -1,0 +1,303 @@
+package adapter
+
+import (
+	"context"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Spreading a partitioned subscription over its receivers.
+//
+// The server pins each partition to the first receiver whose pull request
+// it sees, so left to itself one receiver would own every partition and
+// the others stand by. Instead every receiver records itself as a member
+// of the subscription (the per-key mode's member records), watches the
+// members, and pulls only from the partitions the assignment gives it,
+// which every receiver computes alike from the same members
+// (assignPartitions). When the members change, a receiver that owns a
+// partition now assigned elsewhere yields it: it stops pulling, lets what
+// the client buffered arrive, unpins the partition and hands back what no
+// handler started, as when it loses a pin. The new owner's pull request is
+// then the only one waiting, the server pins it, and its fence (doc.go)
+// starts nothing until the old owner's handlers have settled their
+// messages: order holds across the move.
+//
+// A member is removed from the view when its presence subject has no
+// responders (presence.gone), or when its record is deleted (a receiver
+// that ends deletes its own). Views can differ for a moment, while a
+// change spreads: then two receivers may pull one partition, and the
+// server's pin still gives it to one; or none may, for at most a check
+// interval.
+
+// balanceInterval is how often a receiver checks that the members it
+// knows are there.
+const balanceInterval = time.Second
+
+// assignPartitions gives each of n partitions to one of members, every
+// member at most ceil(n/len(members)) of them, the same way for every
+// caller with the same members and current owners. A partition stays with
+// its current owner (current[i], "" for none) while that owner is a
+// member with room, in partition order, so a member that joins takes only
+// its share and a partition moves only when it must. Each other partition
+// goes to the member ranked first for it by a hash of (member, partition)
+// that still has room (rendezvous hashing with a cap).
+func assignPartitions(members []string, n int, current []string) []string {
+	members = slices.Sorted(slices.Values(members))
+	members = slices.Compact(members)
+	owners := make([]string, n)
+	if len(members) == 0 {
+		return owners
+	}
+	capacity := (n + len(members) - 1) / len(members)
+	load := make(map[string]int, len(members))
+	for i := range min(n, len(current)) {
+		if o := current[i]; o != "" && slices.Contains(members, o) && load[o] < capacity {
+			owners[i] = o
+			load[o]++
+		}
+	}
+	for i := range n {
+		if owners[i] != "" {
+			continue
+		}
+		var best string
+		var bestScore uint64
+		for _, m := range members {
+			if load[m] >= capacity {
+				continue
+			}
+			h := fnv.New64a()
+			h.Write([]byte(m))
+			h.Write([]byte{0})
+			h.Write([]byte(strconv.Itoa(i)))
+			if s := h.Sum64(); best == "" || s > bestScore {
+				best, bestScore = m, s
+			}
+		}
+		owners[i] = best
+		load[best]++
+	}
+	return owners
+}
+
+// join records this receiver as a member of the subscription and reads
+// the members recorded; watchMembers keeps the view current.
+func (m *partitionedMode) join(ctx context.Context) (jetstream.KeyWatcher, error) {
+	prefix := m.r.sub.memberPrefix()
+	if _, err := m.owners.Put(ctx, prefix+m.rid(), nil); err != nil {
+		return nil, err
+	}
+	w, err := m.owners.Watch(context.Background(), prefix+"*")
+	if err != nil {
+		return nil, err
+	}
+	m.members = map[string]uint64{}
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil { // the initial values are in
+				if err := m.loadRecorded(ctx); err != nil {
+					_ = w.Stop()
+					return nil, err
+				}
+				return w, nil
+			}
+			m.memberUpdate(e)
+		case <-ctx.Done():
+			_ = w.Stop()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// loadRecorded reads the partitions' owner records, so that the first
+// assignment keeps the owners that have them (watchOwners keeps them
+// current after).
+func (m *partitionedMode) loadRecorded(ctx context.Context) error {
+	prefix := m.ownerPrefix()
+	w, err := m.owners.Watch(ctx, prefix+"*", jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				return nil
+			}
+			i, err := strconv.Atoi(strings.TrimPrefix(e.Key(), prefix))
+			if rec, ok := parseOwnerRecord(e.Value()); err == nil && ok {
+				m.setRecorded(i, rec.receiver)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// memberUpdate applies one entry of the members' watch.
+func (m *partitionedMode) memberUpdate(e jetstream.KeyValueEntry) {
+	id := strings.TrimPrefix(e.Key(), m.r.sub.memberPrefix())
+	if e.Operation() == jetstream.KeyValuePut {
+		m.members[id] = e.Revision()
+	} else {
+		delete(m.members, id)
+	}
+}
+
+// leave deletes this receiver's member record.
+func (m *partitionedMode) leave(deadline time.Time) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	_ = m.owners.Delete(ctx, m.r.sub.memberPrefix()+m.rid())
+}
+
+// assignment is which partitions are this receiver's among the members it
+// knows (itself always among them).
+func (m *partitionedMode) assignment() []bool {
+	ids := []string{m.rid()}
+	for id := range m.members {
+		ids = append(ids, id)
+	}
+	owners := assignPartitions(ids, len(m.parts), m.currentOwners())
+	mine := make([]bool, len(owners))
+	for i, o := range owners {
+		mine[i] = o == m.rid()
+	}
+	return mine
+}
+
+// currentOwners are the partitions' recorded owners, as watchOwners last
+// read them ("" for none).
+func (m *partitionedMode) currentOwners() []string {
+	m.recordedMu.Lock()
+	defer m.recordedMu.Unlock()
+	return slices.Clone(m.recorded)
+}
+
+// setRecorded keeps partition i's recorded owner for the assignment.
+func (m *partitionedMode) setRecorded(i int, rid string) {
+	m.recordedMu.Lock()
+	defer m.recordedMu.Unlock()
+	if i >= 0 && i < len(m.recorded) {
+		m.recorded[i] = rid
+	}
+}
+
+// watchMembers keeps the members' view current and the pulls following
+// it, until the mode stops.
+func (m *partitionedMode) watchMembers(w jetstream.KeyWatcher) {
+	defer m.loops.Done()
+	defer func() { _ = w.Stop() }()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-m.stopped
+		cancel()
+	}()
+	t := time.NewTicker(balanceInterval)
+	defer t.Stop()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e != nil {
+				m.memberUpdate(e)
+				m.follow(m.assignment())
+			}
+			continue
+		case <-t.C:
+		case <-m.stopped:
+			return
+		}
+		for id, rev := range m.members {
+			if id == m.rid() || !m.gone(ctx, id) {
+				continue
+			}
+			// Its record goes, for the others too; only the first to
+			// read it deletes it.
+			_ = m.owners.Delete(ctx, m.r.sub.memberPrefix()+id, jetstream.LastRevision(rev))
+			delete(m.members, id)
+		}
+		// Also tries again a pull that failed to start.
+		m.follow(m.assignment())
+	}
+}
+
+// follow starts pulling from the partitions assigned to this receiver and
+// yields those it pulls from that are not.
+func (m *partitionedMode) follow(mine []bool) {
+	m.pullMu.Lock()
+	defer m.pullMu.Unlock()
+	if m.pullStopped {
+		return
+	}
+	for i, p := range m.parts {
+		switch {
+		case mine[i] && p.cc == nil:
+			cc, err := p.pull()
+			if err != nil {
+				m.r.c.cfg.logger.Warn("partition pull not started; trying again", "subscription", m.r.sub.id, "partition", i, "err", err)
+				continue
+			}
+			p.cc = cc
+			m.r.c.cfg.logger.Debug("pulling partition", "subscription", m.r.sub.id, "partition", i, "members", len(m.members)+1)
+		case !mine[i] && p.cc != nil:
+			cc := p.cc
+			p.cc = nil
+			m.loops.Add(1)
+			go p.yield(cc)
+		}
+	}
+}
+
+// yieldDrainTimeout bounds the wait for a yielded partition's buffered
+// messages.
+const yieldDrainTimeout = 5 * time.Second
+
+// yield gives the partition up to the receiver it is now assigned to:
+// stop pulling (what the client buffered still arrives), then, if it is
+// still this receiver's, unpin it and hand back what no handler started
+// (checkPin, as for a pin lost). The server drops the pull requests still
+// waiting for this receiver once their subscription is gone, so the new
+// owner's is the one it pins. Handlers running keep their messages until
+// they settle them; the new owner's fence waits for that.
+func (p *partition) yield(cc jetstream.ConsumeContext) {
+	m, r := p.m, p.r
+	defer m.loops.Done()
+	cc.Drain()
+	select {
+	case <-cc.Closed():
+	case <-time.After(yieldDrainTimeout):
+	case <-m.stopped:
+		return
+	}
+	m.pullMu.Lock()
+	again := p.cc != nil // assigned back meanwhile: keep it
+	m.pullMu.Unlock()
+	p.mu.Lock()
+	pin := p.g.pin
+	p.mu.Unlock()
+	if again || pin == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 5*time.Second))
+	defer cancel()
+	if info, err := p.cons.Info(ctx); err == nil && pinnedIn(info) == pin {
+		if err := p.stream.UnpinConsumer(ctx, info.Name, partitionGroup); err != nil {
+			r.c.cfg.logger.Warn("yielded partition not unpinned: its new owner waits for the pin's TTL", "subscription", r.sub.id, "partition", p.index, "err", err)
+		}
+	}
+	r.c.cfg.logger.Info("partition yielded to the receiver it is assigned to", "subscription", r.sub.id, "partition", p.index)
+	p.mu.Lock()
+	p.checkPinLocked(pin)
+	p.mu.Unlock()
+}
