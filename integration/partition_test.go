@@ -331,6 +331,22 @@ func TestPartitionOwnerLosesPinWhileHandlerRuns(t *testing.T) {
 	js := jetstreamOf(t, f.e)
 	stream := keyrouter.StreamName(project, "failover")
 	cons := keyrouter.PartitionConsumer(project, "failover-sub", 0)
+	// B pulls the partition too, as when the receivers' views of the
+	// members differ for a moment: their member records are deleted, so
+	// each takes itself for the only one (balance.go).
+	state, err := js.KeyValue(ctx, "JO_STATE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	members, err := state.ListKeysFiltered(ctx, keyrouter.KVKey(project, "failover-sub")+".members.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range members.Keys() {
+		if err := state.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Unpin until B wins the partition: the next message pins whoever pulls
 	// first. While B is fenced it delivers nothing; A, pinned again,
 	// delivers the new message at once.
