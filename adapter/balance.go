@@ -89,7 +89,7 @@ func assignPartitions(members []string, n int, current []string) []string {
 // the members recorded; watchMembers keeps the view current.
 func (m *partitionedMode) join(ctx context.Context) (jetstream.KeyWatcher, error) {
 	prefix := m.r.sub.memberPrefix()
-	if _, err := m.owners.Put(ctx, prefix+m.rid(), nil); err != nil {
+	if _, err := m.owners.Put(ctx, prefix+m.rid(), []byte(m.r.c.cfg.name)); err != nil {
 		return nil, err
 	}
 	w, err := m.owners.Watch(context.Background(), prefix+"*")

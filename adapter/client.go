@@ -79,6 +79,7 @@ type clientConfig struct {
 	closeTimeout time.Duration
 	createWorker int
 	durable      func(context.Context) error
+	name         string
 }
 
 // Option configures a Client.
@@ -88,6 +89,13 @@ type Option func(*clientConfig) error
 // consumer clean-up, retried failures). The default discards everything.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *clientConfig) error { c.logger = l; return nil }
+}
+
+// WithName names the client's process to the other receivers of its
+// subscriptions and to an Inspector (PartitionState.Holder): a sidecar's
+// name, a host name. Its member records carry it. Default: none.
+func WithName(name string) Option {
+	return func(c *clientConfig) error { c.name = name; return nil }
 }
 
 // WithReplicas sets the replica count of the streams and buckets the client

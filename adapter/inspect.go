@@ -43,6 +43,7 @@ type Inspector struct {
 	mu       sync.Mutex
 	streams  map[string]jetstream.Stream // handles, by stream name
 	registry jetstream.KeyValue          // the subscription registry; nil until needed
+	state    jetstream.KeyValue          // the state bucket (owner and member records); nil until needed
 	floors   map[string]string           // subscription name -> key of its discovery floor, as last found
 }
 
@@ -164,6 +165,10 @@ type PartitionState struct {
 	// PinnedSince is when it was pinned (zero if the server does not say).
 	PinID       string
 	PinnedSince time.Time
+	// Holder names the process of the receiver that owns the partition,
+	// as its client was named (WithName); "" when none does or it is not
+	// known.
+	Holder string
 }
 
 // Subscriptions reads the consumers on the streams of topics (as Topics
@@ -198,6 +203,9 @@ func (in *Inspector) Subscriptions(ctx context.Context, topics []TopicState, kno
 	}
 	for _, st := range subs {
 		if err := in.readOldest(ctx, st); err != nil {
+			return nil, err
+		}
+		if err := in.readHolders(ctx, st); err != nil {
 			return nil, err
 		}
 	}
@@ -483,6 +491,23 @@ func (in *Inspector) registryBucket(ctx context.Context) (jetstream.KeyValue, er
 	return kv, nil
 }
 
+func (in *Inspector) stateBucket(ctx context.Context) (jetstream.KeyValue, error) {
+	in.mu.Lock()
+	kv := in.state
+	in.mu.Unlock()
+	if kv != nil {
+		return kv, nil
+	}
+	kv, err := in.js.KeyValue(ctx, stateBucket)
+	if err != nil {
+		return nil, err
+	}
+	in.mu.Lock()
+	in.state = kv
+	in.mu.Unlock()
+	return kv, nil
+}
+
 func (in *Inspector) stream(ctx context.Context, name string) (jetstream.Stream, error) {
 	in.mu.Lock()
 	s := in.streams[name]
@@ -539,4 +564,55 @@ func parseSubscriptionName(name string) (project, id string, ok bool) {
 
 func subscriptionName(project, id string) string {
 	return "projects/" + project + "/subscriptions/" + id
+}
+
+// readHolders names the holders of a partitioned subscription's pinned
+// partitions: the owner record of a partition with the server's pin names
+// the receiver, whose member record names its process. At most a lookup
+// per partition and one per receiver.
+func (in *Inspector) readHolders(ctx context.Context, st *SubscriptionState) error {
+	if st.Config == nil || len(st.Partitions) == 0 {
+		return nil
+	}
+	project, id, ok := parseSubscriptionName(st.Name)
+	if !ok {
+		return nil
+	}
+	kv, err := in.stateBucket(ctx)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	kvKey := keyrouter.KVKey(project, id)
+	names := map[string]string{}
+	for i := range st.Partitions {
+		p := &st.Partitions[i]
+		if p.PinID == "" {
+			continue
+		}
+		e, err := kv.Get(ctx, kvKey+".owners.e"+strconv.FormatUint(st.Config.epoch, 10)+"."+strconv.Itoa(p.Index))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		rec, ok := parseOwnerRecord(e.Value())
+		if !ok || rec.pin != p.PinID {
+			continue // another receiver holds it now and has not recorded itself yet
+		}
+		name, seen := names[rec.receiver]
+		if !seen {
+			if m, err := kv.Get(ctx, kvKey+".members."+rec.receiver); err == nil {
+				name = string(m.Value())
+			} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+				return err
+			}
+			names[rec.receiver] = name
+		}
+		p.Holder = name
+	}
+	return nil
 }

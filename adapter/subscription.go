@@ -96,6 +96,10 @@ type SubscriptionConfig struct {
 	// Receive itself does not act on it; the sidecar does. It can be
 	// changed by Update.
 	ExactlyOnce bool
+
+	// epoch is the subscription's, as read: an Inspector finds the owner
+	// records of its partitions by it.
+	epoch uint64
 }
 
 // RetryPolicy is the backoff before a nacked or expired message is
@@ -616,6 +620,7 @@ func (s *Subscription) Config(ctx context.Context) (SubscriptionConfig, error) {
 		Delivery:              rec.deliveryMode(),
 		Partitions:            rec.Partitions,
 		PartitionBuffer:       rec.PartitionBuffer,
+		epoch:                 rec.Epoch,
 		StartTime:             rec.StartTime,
 		DeadLetterPolicy:      s.c.deadLetterPolicy(rec.DeadLetter),
 		Labels:                rec.Labels,

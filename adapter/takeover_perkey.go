@@ -124,7 +124,7 @@ func (m *perKeyMode) join(ctx context.Context) error {
 		return err
 	}
 	m.members = kv
-	if _, err := kv.Put(ctx, m.r.sub.memberPrefix()+m.r.presence.id, nil); err != nil {
+	if _, err := kv.Put(ctx, m.r.sub.memberPrefix()+m.r.presence.id, []byte(m.r.c.cfg.name)); err != nil {
 		return fmt.Errorf("record member: %w", err)
 	}
 	return nil

@@ -91,6 +91,7 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	str(&c.NATSTLSCert, "nats-tls-cert", "", "client certificate file for NATS")
 	str(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS")
 	str(&c.Project, "project", "default", "project of HTTP routes that name none")
+	str(&c.Name, "name", "", "this sidecar's name, shown on the other sidecars' status pages as a partition's holder and in its metrics' sidecar label (default: host name:gRPC port)")
 	var logLevel string
 	str(&logLevel, "log-level", "info", "debug, info, warn or error; debug logs every gRPC call and HTTP request")
 	str(&c.logFormat, "log-format", "text", `"text" (key=value) or "json" (one object per line), on stderr`)

@@ -252,6 +252,7 @@ func flags(cfg sidecar.Config) []string {
 	str("nats-tls-cert", cfg.NATSTLSCert)
 	str("nats-tls-key", cfg.NATSTLSKey)
 	str("project", cfg.Project)
+	str("name", cfg.Name)
 	num("replicas", cfg.Replicas)
 	str("webhook-allowed-origins", strings.Join(cfg.WebhookAllowedOrigins, ","))
 	num("webhook-allowed-rate", cfg.WebhookAllowedRate)

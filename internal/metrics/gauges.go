@@ -34,7 +34,7 @@ func (r *Registry) RegisterStatus(get func() *status.Status) error {
 	desc := func(name, help string, labels []string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
-	return r.reg.Register(&gauges{
+	return r.wrap.Register(&gauges{
 		get:         get,
 		backlog:     desc("jetorder_backlog_messages", "Messages of the subscription not yet acked, delivered or not, as its JetStream consumers count them (read at most once a second).", sub),
 		oldest:      desc("jetorder_oldest_unacked_age_seconds", "Age of the subscription's oldest message not yet acked; 0 when there is none.", sub),

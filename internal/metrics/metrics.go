@@ -24,7 +24,8 @@ var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.
 
 // Registry is one sidecar's metrics. It is safe for concurrent use.
 type Registry struct {
-	reg *prometheus.Registry
+	reg  *prometheus.Registry
+	wrap prometheus.Registerer // reg, adding the sidecar label
 
 	// Without labels.
 	PublishFails  prometheus.Counter // messages whose publish failed
@@ -68,21 +69,30 @@ type Topic struct {
 
 // New returns a registry with every metric of this package, and the Go
 // runtime and process collectors, registered.
-func New() *Registry {
+func New() *Registry { return NewFor("") }
+
+// NewFor is New for the sidecar named sidecar: every series carries the
+// label sidecar="<name>", so that the series of several sidecars stay
+// apart where they are gathered together. "" adds no label.
+func NewFor(sidecar string) *Registry {
 	r := &Registry{reg: prometheus.NewRegistry(), subs: map[string]*Subscription{}, topics: map[string]*Topic{}}
+	r.wrap = r.reg
+	if sidecar != "" {
+		r.wrap = prometheus.WrapRegistererWith(prometheus.Labels{"sidecar": sidecar}, r.reg)
+	}
 	counter := func(name, help string) prometheus.Counter {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
-		r.reg.MustRegister(c)
+		r.wrap.MustRegister(c)
 		return c
 	}
 	vec := func(name, label, help string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{label})
-		r.reg.MustRegister(c)
+		r.wrap.MustRegister(c)
 		return c
 	}
 	histogram := func(name, label, help string) *prometheus.HistogramVec {
 		h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: latencyBuckets}, []string{label})
-		r.reg.MustRegister(h)
+		r.wrap.MustRegister(h)
 		return h
 	}
 	r.PublishFails = counter("jetorder_publish_failures_total", "Messages whose publish failed.")
@@ -106,13 +116,13 @@ func New() *Registry {
 	r.didcommGivenUp = vec("jetorder_didcomm_gaps_given_up_total", "subscription", "Missing DIDComm sender orders no longer tracked: more gap ranges than the tracker keeps per sender.")
 	r.didcommCopies = vec("jetorder_didcomm_copies_dropped_total", "subscription", "Copies of DIDComm messages already handled, acked and dropped by the sidecar.")
 
-	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.wrap.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r
 }
 
 // Register adds a collector, such as the sidecar's gauges, which are
 // computed at each scrape.
-func (r *Registry) Register(c prometheus.Collector) error { return r.reg.Register(c) }
+func (r *Registry) Register(c prometheus.Collector) error { return r.wrap.Register(c) }
 
 // Handler serves the registry in the format the scraper asks for: the
 // Prometheus text format (version 0.0.4) by default.

@@ -396,7 +396,7 @@ func subscriptionStatus(r *adapter.SubscriptionState, now time.Time) *jstatus.Su
 		sub.OldestUnackedAgeSeconds = max(now.Sub(r.OldestUnacked).Seconds(), 0)
 	}
 	for _, p := range r.Partitions { // a new slice: Status marks its own
-		sp := jstatus.Partition{Index: p.Index, Pending: p.Pending, Unacked: p.Unacked}
+		sp := jstatus.Partition{Index: p.Index, Pending: p.Pending, Unacked: p.Unacked, Holder: p.Holder}
 		if p.PinID != "" {
 			sp.Owner, sp.PinID = "other", p.PinID
 			if !p.PinnedSince.IsZero() {

@@ -319,8 +319,9 @@ var families = map[string]struct {
 }
 
 // checkSeries checks that every family of families is in m with its type
-// and labels, and that no jetorder series has a label beyond subscription,
-// topic (and a histogram's le): none per key.
+// and labels, besides the sidecar label every series has, and that no
+// jetorder series has a label beyond sidecar, subscription, topic (and a
+// histogram's le): none per key.
 func checkSeries(t *testing.T, m testutil.Metrics) {
 	t.Helper()
 	for name, want := range families {
@@ -334,8 +335,16 @@ func checkSeries(t *testing.T, m testutil.Metrics) {
 		}
 		for _, s := range f.GetMetric() {
 			var got []string
+			named := false
 			for _, l := range s.GetLabel() {
+				if l.GetName() == "sidecar" {
+					named = l.GetValue() != ""
+					continue
+				}
 				got = append(got, l.GetName())
+			}
+			if !named {
+				t.Errorf("%s has no sidecar label", name)
 			}
 			if !slices.Equal(got, want.labels) {
 				t.Errorf("%s has labels %v, want %v", name, got, want.labels)
@@ -348,7 +357,7 @@ func checkSeries(t *testing.T, m testutil.Metrics) {
 		}
 		for _, s := range f.GetMetric() {
 			for _, l := range s.GetLabel() {
-				if l.GetName() != "subscription" && l.GetName() != "topic" {
+				if l.GetName() != "sidecar" && l.GetName() != "subscription" && l.GetName() != "topic" {
 					t.Errorf("%s has the label %s=%q", name, l.GetName(), l.GetValue())
 				}
 			}

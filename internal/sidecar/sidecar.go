@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,6 +76,11 @@ type Config struct {
 	NATSCreds, NATSNKey                string // files
 	NATSUser, NATSPassword, NATSToken  string
 	NATSTLSCA, NATSTLSCert, NATSTLSKey string // files
+
+	// Name names this sidecar to the others on the same JetStream (the
+	// status page's partition holders) and in its metrics (the sidecar
+	// label); "" means the host name and the gRPC port, host:port.
+	Name string
 
 	Project  string // the HTTP API's project when a route names none
 	Replicas int    // of the streams and buckets the sidecar creates
@@ -250,11 +256,14 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		return nil, err
 	}
 
+	if s.cfg.Name == "" {
+		s.cfg.Name = defaultName(s.gl.Addr())
+	}
 	syncDesc, syncRisk := s.describeSync()
-	reg := metrics.New()
+	reg := metrics.NewFor(s.cfg.Name)
 	// A client's Close waits no longer than the whole shutdown may take.
 	aopts := []adapter.Option{adapter.WithLogger(log), adapter.WithReplicas(max(cfg.Replicas, 1)),
-		adapter.WithCloseTimeout(cfg.ShutdownTimeout)}
+		adapter.WithCloseTimeout(cfg.ShutdownTimeout), adapter.WithName(s.cfg.Name)}
 	// Under group commit, acknowledgements wait for the embedded server's
 	// sync; under the other policies there is nothing to wait for.
 	var durable func(context.Context) error
@@ -382,7 +391,7 @@ func (s *sidecar) serve(ctx context.Context, ready func(Listening)) error {
 		}()
 	}
 
-	attrs := []any{"grpc", s.where.GRPC, "http", orOff(s.where.HTTP), "tls", s.tls}
+	attrs := []any{"name", s.cfg.Name, "grpc", s.where.GRPC, "http", orOff(s.where.HTTP), "tls", s.tls}
 	if s.srv != nil {
 		attrs = append(attrs, "nats", "embedded", "data_dir", s.cfg.DataDir, "nats_listen", orOff(s.where.NATS), "sync", s.srv.SyncPolicy())
 	} else {
@@ -743,4 +752,17 @@ func hasPassword(u *url.Userinfo) bool {
 func beyondLoopback(a net.Addr) bool {
 	ta, ok := a.(*net.TCPAddr)
 	return !ok || !ta.IP.IsLoopback()
+}
+
+// defaultName is the sidecar's name without --name: the host name and the
+// gRPC port, which tell apart sidecars on one host too.
+func defaultName(grpc net.Addr) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "sidecar"
+	}
+	if ta, ok := grpc.(*net.TCPAddr); ok {
+		return host + ":" + strconv.Itoa(ta.Port)
+	}
+	return host
 }

@@ -176,8 +176,11 @@ type Partition struct {
 	// Owner is "this sidecar", "other" (another receiver, in this process
 	// or another: PinID and PinnedSince say which and since when) or ""
 	// (none: the next receiver to ask takes it).
-	Owner       string     `json:"owner"`
-	PinID       string     `json:"pin_id,omitempty"`
+	Owner string `json:"owner"`
+	PinID string `json:"pin_id,omitempty"`
+	// Holder names the sidecar (--name) whose receiver owns the
+	// partition, this one or another; "" when not known.
+	Holder      string     `json:"holder,omitempty"`
 	PinnedSince *time.Time `json:"pinned_since,omitempty"`
 	Pending     uint64     `json:"pending"` // not yet delivered
 	Unacked     uint64     `json:"unacked"` // delivered, not yet acked

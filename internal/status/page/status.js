@@ -137,7 +137,7 @@ function renderDetails(s, st) {
       el("thead", {}, el("tr", {}, el("th", { class: "num" }, "partition"), el("th", {}, "owner"), el("th", {}, "owned for"), el("th", { class: "num" }, "pending"), el("th", { class: "num" }, "unacked"))),
       el("tbody", {}, ...s.partitions.map((p) => el("tr", {},
         cell(p.partition, "num"),
-        cell(p.owner === "other" ? "other (pin " + p.pin_id + ")" : p.owner || "none", p.owner ? "" : "warn"),
+        cell((p.owner === "other" ? (p.holder || "other") + " (pin " + p.pin_id + ")" : p.owner || "none") + (p.owner === "this sidecar" && p.holder ? " (" + p.holder + ")" : ""), p.owner ? "" : "warn"),
         cell(since(p.pinned_since, now)),
         cell(num(p.pending), "num"),
         cell(num(p.unacked), "num")))));
