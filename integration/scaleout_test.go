@@ -23,6 +23,13 @@ import (
 // ownedPartitions counts the partitions of sub that sidecar sc says it
 // owns, from its /v1/status.
 func ownedPartitions(t *testing.T, sc *itest.Sidecar, sub string) (owned, total int) {
+	owned, total, _ = partitionHolders(t, sc, sub)
+	return owned, total
+}
+
+// partitionHolders is ownedPartitions, with the number of partitions each
+// sidecar holds by the name sc's status page gives it.
+func partitionHolders(t *testing.T, sc *itest.Sidecar, sub string) (owned, total int, holders map[string]int) {
 	t.Helper()
 	resp, err := sc.HTTPClient().Get(sc.HTTPURL() + "/v1/status")
 	if err != nil {
@@ -33,7 +40,8 @@ func ownedPartitions(t *testing.T, sc *itest.Sidecar, sub string) (owned, total 
 		Subscriptions []struct {
 			Name       string `json:"name"`
 			Partitions []struct {
-				Owner string `json:"owner"`
+				Owner  string `json:"owner"`
+				Holder string `json:"holder"`
 			} `json:"partitions"`
 		} `json:"subscriptions"`
 	}
@@ -43,6 +51,7 @@ func ownedPartitions(t *testing.T, sc *itest.Sidecar, sub string) (owned, total 
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatal(err)
 	}
+	holders = map[string]int{}
 	for _, s := range st.Subscriptions {
 		if s.Name != subPath(sub) {
 			continue
@@ -52,9 +61,12 @@ func ownedPartitions(t *testing.T, sc *itest.Sidecar, sub string) (owned, total 
 			if p.Owner == "this sidecar" {
 				owned++
 			}
+			if p.Holder != "" {
+				holders[p.Holder]++
+			}
 		}
 	}
-	return owned, total
+	return owned, total, holders
 }
 
 // Three sidecars on one JetStream receiving one ordered subscription
@@ -64,10 +76,10 @@ func ownedPartitions(t *testing.T, sc *itest.Sidecar, sub string) (owned, total 
 // leaves, and one that joins, have the partitions rebalanced within 5 s,
 // and every delivery keeps order throughout (the checker sees them all).
 func TestScaleOutSharesOneSubscription(t *testing.T) {
-	first := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0"})
+	first := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0", Name: "sidecar-0"})
 	scs := []*itest.Sidecar{first,
-		itest.Start(t, sidecar.Config{NATSURL: first.NATS}),
-		itest.Start(t, sidecar.Config{NATSURL: first.NATS})}
+		itest.Start(t, sidecar.Config{NATSURL: first.NATS, Name: "sidecar-1"}),
+		itest.Start(t, sidecar.Config{NATSURL: first.NATS, Name: "sidecar-2"})}
 	admin := first.GoClient()
 	mustCreateTopic(t, admin, "spread")
 	mustCreateSub(t, admin, &pb.Subscription{Name: subPath("spread-sub"), Topic: topicPath("spread"), EnableMessageOrdering: true, AckDeadlineSeconds: 10})
@@ -116,6 +128,13 @@ func TestScaleOutSharesOneSubscription(t *testing.T) {
 			}
 			return sum == 8
 		}, "the partitions are not spread over the three sidecars: %s", func() string { return ownership(t, scs) })
+		// Every sidecar's status page names who holds each partition.
+		for i, sc := range scs {
+			testutil.Eventually(t, 10*time.Second, func() bool {
+				_, _, holders := partitionHolders(t, sc, "spread-sub")
+				return len(holders) == 3 && holders["sidecar-0"]+holders["sidecar-1"]+holders["sidecar-2"] == 8
+			}, "sidecar %d's status does not name the three holders: %v", i, func() any { _, _, h := partitionHolders(t, sc, "spread-sub"); return h })
+		}
 	}
 	for i := range 3 {
 		if n := got[i].Load(); n < int64(len(keys)*5/6) {
