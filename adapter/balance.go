@@ -203,6 +203,8 @@ func (m *partitionedMode) watchMembers(w jetstream.KeyWatcher) {
 	}()
 	t := time.NewTicker(balanceInterval)
 	defer t.Stop()
+	reconnects := m.r.c.nc.Stats().Reconnects
+	goneOnce := map[string]bool{} // members found gone at the last check
 	for {
 		select {
 		case e, ok := <-w.Updates():
@@ -218,22 +220,42 @@ func (m *partitionedMode) watchMembers(w jetstream.KeyWatcher) {
 		case <-m.stopped:
 			return
 		}
+		// After a reconnect, another receiver may have taken this one
+		// for gone and deleted its record: write it again.
+		if n := m.r.c.nc.Stats().Reconnects; n != reconnects {
+			if _, err := m.owners.Put(ctx, m.r.sub.memberPrefix()+m.rid(), []byte(m.r.c.cfg.name)); err == nil {
+				reconnects = n
+			}
+		}
 		for id, rev := range m.members {
-			if id == m.rid() || !m.gone(ctx, id) {
+			if id == m.rid() {
 				continue
 			}
-			// Its record goes, for the others too; only the first to
-			// read it deletes it.
+			if !m.gone(ctx, id) {
+				delete(goneOnce, id)
+				continue
+			}
+			// Gone at two checks in a row (a second apart): its record
+			// goes, for the others too; only the first to read it
+			// deletes it.
+			if !goneOnce[id] {
+				goneOnce[id] = true
+				continue
+			}
+			delete(goneOnce, id)
 			_ = m.owners.Delete(ctx, m.r.sub.memberPrefix()+id, jetstream.LastRevision(rev))
 			delete(m.members, id)
 		}
 		// Also tries again a pull that failed to start.
 		m.follow(m.assignment())
+		m.tidy(ctx)
 	}
 }
 
 // follow starts pulling from the partitions assigned to this receiver and
-// yields those it pulls from that are not.
+// yields those it pulls from that are not. A partition still draining
+// from a yield is not pulled again until the drain is over (two
+// subscriptions would feed one partition's gates).
 func (m *partitionedMode) follow(mine []bool) {
 	m.pullMu.Lock()
 	defer m.pullMu.Unlock()
@@ -242,7 +264,7 @@ func (m *partitionedMode) follow(mine []bool) {
 	}
 	for i, p := range m.parts {
 		switch {
-		case mine[i] && p.cc == nil:
+		case mine[i] && p.cc == nil && p.draining == nil:
 			cc, err := p.pull()
 			if err != nil {
 				m.r.c.cfg.logger.Warn("partition pull not started; trying again", "subscription", m.r.sub.id, "partition", i, "err", err)
@@ -251,10 +273,9 @@ func (m *partitionedMode) follow(mine []bool) {
 			p.cc = cc
 			m.r.c.cfg.logger.Debug("pulling partition", "subscription", m.r.sub.id, "partition", i, "members", len(m.members)+1)
 		case !mine[i] && p.cc != nil:
-			cc := p.cc
-			p.cc = nil
+			p.draining, p.cc = p.cc, nil
 			m.loops.Add(1)
-			go p.yield(cc)
+			go p.yield(p.draining)
 		}
 	}
 }
@@ -264,40 +285,106 @@ func (m *partitionedMode) follow(mine []bool) {
 const yieldDrainTimeout = 5 * time.Second
 
 // yield gives the partition up to the receiver it is now assigned to:
-// stop pulling (what the client buffered still arrives), then, if it is
-// still this receiver's, unpin it and hand back what no handler started
-// (checkPin, as for a pin lost). The server drops the pull requests still
-// waiting for this receiver once their subscription is gone, so the new
-// owner's is the one it pins. Handlers running keep their messages until
-// they settle them; the new owner's fence waits for that.
+// stop pulling (what the client buffered still arrives), then let go of
+// the pin (letGo). The server drops the pull requests still waiting for
+// this receiver once their subscription is gone, so the new owner's is
+// the one it pins. Handlers running keep their messages until they settle
+// them; the new owner's fence waits for that.
 func (p *partition) yield(cc jetstream.ConsumeContext) {
-	m, r := p.m, p.r
+	m := p.m
 	defer m.loops.Done()
 	cc.Drain()
 	select {
 	case <-cc.Closed():
 	case <-time.After(yieldDrainTimeout):
 	case <-m.stopped:
-		return
 	}
 	m.pullMu.Lock()
-	again := p.cc != nil // assigned back meanwhile: keep it
+	p.draining = nil
+	m.pullMu.Unlock()
+	p.letGo()
+}
+
+// letGo unpins the partition if this receiver does not pull it and the
+// server still has its pin, and hands back what no handler started
+// (checkPin, as for a pin lost). When that fails (no answer from the
+// server) watchMembers calls it again.
+func (p *partition) letGo() {
+	m, r := p.m, p.r
+	m.pullMu.Lock()
+	pulled := p.cc != nil || p.draining != nil // assigned back meanwhile: keep it
 	m.pullMu.Unlock()
 	p.mu.Lock()
 	pin := p.g.pin
 	p.mu.Unlock()
-	if again || pin == "" {
+	if pulled || pin == "" {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 5*time.Second))
 	defer cancel()
-	if info, err := p.cons.Info(ctx); err == nil && pinnedIn(info) == pin {
-		if err := p.stream.UnpinConsumer(ctx, info.Name, partitionGroup); err != nil {
-			r.c.cfg.logger.Warn("yielded partition not unpinned: its new owner waits for the pin's TTL", "subscription", r.sub.id, "partition", p.index, "err", err)
+	go func() {
+		select {
+		case <-m.stopped:
+			cancel()
+		case <-ctx.Done():
 		}
+	}()
+	info, err := p.cons.Info(ctx)
+	unpin := err == nil && pinnedIn(info) == pin
+	if unpin {
+		err = p.stream.UnpinConsumer(ctx, info.Name, partitionGroup)
 	}
-	r.c.cfg.logger.Info("partition yielded to the receiver it is assigned to", "subscription", r.sub.id, "partition", p.index)
+	if err != nil {
+		r.c.cfg.logger.Warn("partition given up not unpinned yet; trying again", "subscription", r.sub.id, "partition", p.index, "err", err)
+		return
+	}
+	if unpin {
+		r.c.cfg.logger.Info("partition yielded to the receiver it is assigned to", "subscription", r.sub.id, "partition", p.index)
+	}
 	p.mu.Lock()
 	p.checkPinLocked(pin)
 	p.mu.Unlock()
+}
+
+// tidy, at each of watchMembers' checks, finishes what yields left:
+//   - a partition this receiver neither pulls nor has let go of (its
+//     unpin failed) is let go of again;
+//   - the owner record of a partition it gave up and holds nothing of any
+//     more is deleted, so that the new owner's fence need not wait for
+//     the ack deadline of a message lost on its way to this receiver while
+//     it stopped pulling: without a record, the fence hands back every
+//     unacked message it does not hold (freeGoneOwners), and this
+//     receiver holds none.
+func (m *partitionedMode) tidy(ctx context.Context) {
+	for _, p := range m.parts {
+		m.pullMu.Lock()
+		pulled := p.cc != nil || p.draining != nil || m.pullStopped
+		m.pullMu.Unlock()
+		if pulled {
+			continue
+		}
+		p.mu.Lock()
+		pin, held := p.g.pin, len(p.g.held)
+		p.mu.Unlock()
+		if pin != "" {
+			m.loops.Add(1)
+			go func() {
+				defer m.loops.Done()
+				p.letGo()
+			}()
+			continue
+		}
+		if held > 0 || m.currentOwners()[p.index] != m.rid() {
+			continue
+		}
+		e, err := m.owners.Get(ctx, m.ownerKey(p.index))
+		if err != nil {
+			continue
+		}
+		if rec, ok := parseOwnerRecord(e.Value()); ok && rec.receiver == m.rid() {
+			if m.owners.Delete(ctx, e.Key(), jetstream.LastRevision(e.Revision())) == nil {
+				m.setRecorded(p.index, "")
+			}
+		}
+	}
 }

@@ -104,8 +104,9 @@ type partition struct {
 	limit int
 	cons  jetstream.Consumer
 	// cc pulls the partition's messages while it is assigned to this
-	// receiver; nil while not (m.pullMu).
-	cc jetstream.ConsumeContext
+	// receiver; nil while not. draining is the one a yield drains. Both
+	// under m.pullMu.
+	cc, draining jetstream.ConsumeContext
 	// stream is the topic's stream: unpin goes through it.
 	stream jetstream.Stream
 
@@ -198,6 +199,9 @@ func (m *partitionedMode) stop(deadline time.Time) {
 		if p.cc != nil {
 			ccs = append(ccs, p.cc)
 			p.cc = nil
+		}
+		if p.draining != nil { // drained already: wait for it too
+			ccs = append(ccs, p.draining)
 		}
 	}
 	m.pullMu.Unlock()
