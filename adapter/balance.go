@@ -381,10 +381,11 @@ func (m *partitionedMode) tidy(ctx context.Context) {
 		if err != nil {
 			continue
 		}
+		// The assignment keeps reading the record as it was (watchOwners
+		// ignores deletes), as every other receiver does: views stay
+		// alike until the new owner records itself.
 		if rec, ok := parseOwnerRecord(e.Value()); ok && rec.receiver == m.rid() {
-			if m.owners.Delete(ctx, e.Key(), jetstream.LastRevision(e.Revision())) == nil {
-				m.setRecorded(p.index, "")
-			}
+			_ = m.owners.Delete(ctx, e.Key(), jetstream.LastRevision(e.Revision()))
 		}
 	}
 }

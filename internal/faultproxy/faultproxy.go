@@ -1,7 +1,9 @@
 // Package faultproxy is a TCP proxy for tests that puts a misbehaving
-// network between a NATS client and its server: it can hold back the
-// server's replies (as a congested or partitioned return path would) while
-// the client's messages still reach the server, and cut connections.
+// network between a NATS client and its server, or between two servers of
+// a cluster (on a route): it can hold back the server's replies (as a
+// congested or partitioned return path would) while the client's messages
+// still reach the server, cut connections, and block the path (a network
+// partition) until it is healed.
 package faultproxy
 
 import (
@@ -15,11 +17,12 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	cond  *sync.Cond
-	held  bool
-	conns map[net.Conn]struct{}
-	done  bool
+	mu      sync.Mutex
+	cond    *sync.Cond
+	held    bool
+	blocked bool
+	conns   map[net.Conn]struct{}
+	done    bool
 
 	wg sync.WaitGroup
 }
@@ -71,6 +74,25 @@ func (p *Proxy) Cut() {
 	p.mu.Unlock()
 }
 
+// Block cuts every connection and refuses new ones (they are accepted and
+// closed at once) until Heal: the two sides are partitioned.
+func (p *Proxy) Block() {
+	p.mu.Lock()
+	p.blocked = true
+	p.mu.Unlock()
+	p.Cut()
+}
+
+// Heal ends a Block: new connections are forwarded again.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	p.blocked = false
+	p.mu.Unlock()
+}
+
+// Addr is the host:port the proxy listens on.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
 // Close stops accepting, closes every connection and waits for the
 // forwarding goroutines to end.
 func (p *Proxy) Close() {
@@ -92,6 +114,13 @@ func (p *Proxy) accept() {
 		client, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		p.mu.Lock()
+		blocked := p.blocked
+		p.mu.Unlock()
+		if blocked {
+			client.Close()
+			continue
 		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil {

@@ -334,3 +334,15 @@ func (c *Checker) Stats(sub string) Stats {
 	defer c.mu.Unlock()
 	return c.sub(sub).stats
 }
+
+// AckedThrough is the last index of key on sub up to which every message
+// is acked: -1 when its first is not.
+func (c *Checker) AckedThrough(sub, key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := c.sub(sub).keys[key]
+	if k == nil {
+		return -1
+	}
+	return k.firstUnacked - 1
+}
