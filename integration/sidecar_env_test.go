@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -45,7 +47,9 @@ func receiveGo(t *testing.T, sub *pubsub.Subscriber, f func(context.Context, *pu
 					t.Errorf("Receive: %v", err)
 				}
 			case <-time.After(30 * time.Second):
-				t.Error("Receive did not return within 30s")
+				var stacks strings.Builder
+				_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+				t.Errorf("Receive did not return within 30s; the client's goroutines:\n%s", clientStacks(stacks.String()))
 			}
 		})
 	}
@@ -64,3 +68,15 @@ func publishGo(t *testing.T, p *pubsub.Publisher, data, key string) string {
 }
 
 func fieldMask(paths ...string) *fieldmaskpb.FieldMask { return &fieldmaskpb.FieldMask{Paths: paths} }
+
+// clientStacks keeps the goroutines of Google's Pub/Sub client from a
+// goroutine dump (pprof debug=1).
+func clientStacks(dump string) string {
+	var out []string
+	for g := range strings.SplitSeq(dump, "\n\n") {
+		if strings.Contains(g, "cloud.google.com/go/pubsub") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
+}

@@ -391,7 +391,7 @@ func (s *sidecar) serve(ctx context.Context, ready func(Listening)) error {
 		}()
 	}
 
-	attrs := []any{"name", s.cfg.Name, "grpc", s.where.GRPC, "http", orOff(s.where.HTTP), "tls", s.tls}
+	attrs := []any{"grpc", s.where.GRPC, "http", orOff(s.where.HTTP), "tls", s.tls, "name", s.cfg.Name}
 	if s.srv != nil {
 		attrs = append(attrs, "nats", "embedded", "data_dir", s.cfg.DataDir, "nats_listen", orOff(s.where.NATS), "sync", s.srv.SyncPolicy())
 	} else {
