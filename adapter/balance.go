@@ -92,11 +92,11 @@ func (m *partitionedMode) join(ctx context.Context) (jetstream.KeyWatcher, error
 	if _, err := m.owners.Put(ctx, prefix+m.rid(), []byte(m.r.c.cfg.name)); err != nil {
 		return nil, err
 	}
+	m.members = map[string]uint64{} // and leave deletes the record
 	w, err := m.owners.Watch(context.Background(), prefix+"*")
 	if err != nil {
 		return nil, err
 	}
-	m.members = map[string]uint64{}
 	for {
 		select {
 		case e := <-w.Updates():
@@ -151,8 +151,12 @@ func (m *partitionedMode) memberUpdate(e jetstream.KeyValueEntry) {
 	}
 }
 
-// leave deletes this receiver's member record.
+// leave deletes this receiver's member record, if start got as far as
+// writing one.
 func (m *partitionedMode) leave(deadline time.Time) {
+	if m.owners == nil || m.members == nil {
+		return
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	_ = m.owners.Delete(ctx, m.r.sub.memberPrefix()+m.rid())
