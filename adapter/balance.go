@@ -86,13 +86,17 @@ func assignPartitions(members []string, n int, current []string) []string {
 }
 
 // join records this receiver as a member of the subscription and reads
-// the members recorded; watchMembers keeps the view current.
+// the members recorded; watchMembers keeps the view current. A record
+// that could not be written (a cluster electing leaders) does not end
+// Receive: watchMembers writes it at its next check, and meanwhile this
+// receiver pulls its share as it sees it, the others theirs.
 func (m *partitionedMode) join(ctx context.Context) (jetstream.KeyWatcher, error) {
 	prefix := m.r.sub.memberPrefix()
-	if _, err := m.owners.Put(ctx, prefix+m.rid(), []byte(m.r.c.cfg.name)); err != nil {
-		return nil, err
-	}
 	m.members = map[string]uint64{} // and leave deletes the record
+	if _, err := m.owners.Put(ctx, prefix+m.rid(), []byte(m.r.c.cfg.name)); err != nil {
+		m.unrecorded = true
+		m.r.c.cfg.logger.Warn("member record not written; trying again", "subscription", m.r.sub.id, "err", err)
+	}
 	w, err := m.owners.Watch(context.Background(), prefix+"*")
 	if err != nil {
 		return nil, err
@@ -225,10 +229,11 @@ func (m *partitionedMode) watchMembers(w jetstream.KeyWatcher) {
 			return
 		}
 		// After a reconnect, another receiver may have taken this one
-		// for gone and deleted its record: write it again.
-		if n := m.r.c.nc.Stats().Reconnects; n != reconnects {
+		// for gone and deleted its record: write it again (and one join
+		// could not write).
+		if n := m.r.c.nc.Stats().Reconnects; n != reconnects || m.unrecorded {
 			if _, err := m.owners.Put(ctx, m.r.sub.memberPrefix()+m.rid(), []byte(m.r.c.cfg.name)); err == nil {
-				reconnects = n
+				reconnects, m.unrecorded = n, false
 			}
 		}
 		for id, rev := range m.members {

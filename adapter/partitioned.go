@@ -70,6 +70,9 @@ type partitionedMode struct {
 	// presence id, with their records' revisions: start, then
 	// watchMembers alone uses it.
 	members map[string]uint64
+	// unrecorded: join could not write this receiver's member record
+	// (watchMembers alone uses it after start).
+	unrecorded bool
 	// recorded are the partitions' recorded owners (presence ids), as
 	// watchOwners reads them, for the assignment to keep them.
 	recordedMu sync.Mutex
