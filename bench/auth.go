@@ -291,7 +291,6 @@ func (b *bench) goClientReceive(s *authSide, keys, msgs int, ordering string) au
 // publishing msgs messages round-robin over keys keys into a new topic,
 // every result awaited.
 func (b *bench) goClientPublish(s *authSide, keys, msgs int) authSample {
-	ctx := context.Background()
 	payload := make([]byte, *payloadSize)
 	keyNames := make([]string, keys)
 	for k := range keyNames {
@@ -301,17 +300,7 @@ func (b *bench) goClientPublish(s *authSide, keys, msgs int) authSample {
 	calls := s.calls.Load()
 	rate := b.timedPublish(msgs, func(topicID string, _ *adapter.Topic) {
 		start := cpuTime()
-		p := s.client.Publisher(topicID)
-		p.EnableMessageOrdering = true
-		defer p.Stop()
-		results := make([]*pubsub.PublishResult, 0, msgs)
-		for i := range msgs {
-			results = append(results, p.Publish(ctx, &pubsub.Message{Data: payload, OrderingKey: keyNames[i%keys]}))
-		}
-		for _, r := range results {
-			_, err := r.Get(ctx)
-			check(err)
-		}
+		orderedGoPublish(s.client, topicID, keyNames, msgs, payload)
 		cpu = cpuTime() - start
 	})
 	return authSample{rate: rate, cpu: cpu / time.Duration(msgs), calls: s.calls.Load() - calls}

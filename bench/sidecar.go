@@ -203,7 +203,6 @@ func (b *bench) startDeliveryProfile() (stop func()) {
 // publish times publishing msgs messages over keys keys with the adapter's
 // Topic and with Google's Publisher through the gRPC API.
 func (s *sidecarBench) publish(keys, msgs int) (lib, grpcRate float64) {
-	ctx := context.Background()
 	payload := make([]byte, *payloadSize)
 	keyNames := make([]string, keys)
 	for k := range keyNames {
@@ -211,19 +210,26 @@ func (s *sidecarBench) publish(keys, msgs int) (lib, grpcRate float64) {
 	}
 	lib = s.b.timedPublish(msgs, func(_ string, topic *adapter.Topic) { adapterPublish(topic, keyNames, msgs, payload) })
 	grpcRate = s.b.timedPublish(msgs, func(topicID string, _ *adapter.Topic) {
-		p := s.client.Publisher(topicID)
-		p.EnableMessageOrdering = true
-		defer p.Stop()
-		results := make([]*pubsub.PublishResult, 0, msgs)
-		for i := range msgs {
-			results = append(results, p.Publish(ctx, &pubsub.Message{Data: payload, OrderingKey: keyNames[i%keys]}))
-		}
-		for _, r := range results {
-			_, err := r.Get(ctx)
-			check(err)
-		}
+		orderedGoPublish(s.client, topicID, keyNames, msgs, payload)
 	})
 	return lib, grpcRate
+}
+
+// orderedGoPublish publishes msgs messages round-robin over keys through
+// Google's Publisher with message ordering, and awaits every result.
+func orderedGoPublish(c *pubsub.Client, topicID string, keys []string, msgs int, payload []byte) {
+	ctx := context.Background()
+	p := c.Publisher(topicID)
+	p.EnableMessageOrdering = true
+	defer p.Stop()
+	results := make([]*pubsub.PublishResult, 0, msgs)
+	for i := range msgs {
+		results = append(results, p.Publish(ctx, &pubsub.Message{Data: payload, OrderingKey: keys[i%len(keys)]}))
+	}
+	for _, r := range results {
+		_, err := r.Get(ctx)
+		check(err)
+	}
 }
 
 // latency measures publish (raw JetStream, stamped) to handler at a steady
