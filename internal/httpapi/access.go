@@ -68,35 +68,21 @@ func (a *api) visibleStatus(ctx context.Context, st *status.Status) *status.Stat
 	out := *st
 	out.Topics = make([]status.Topic, 0, len(st.Topics))
 	for _, t := range st.Topics {
-		if a.guard.Allows(ctx, iam.TopicsList, projectOfName(t.Name)) {
+		if a.guard.Allows(ctx, iam.TopicsList, iam.ProjectOf(t.Name)) {
 			out.Topics = append(out.Topics, t)
 		}
 	}
 	out.Subscriptions = make([]status.Subscription, 0, len(st.Subscriptions))
 	for _, s := range st.Subscriptions {
-		if a.guard.Allows(ctx, iam.SubscriptionsList, projectOfName(s.Name)) {
+		if a.guard.Allows(ctx, iam.SubscriptionsList, iam.ProjectOf(s.Name)) {
 			out.Subscriptions = append(out.Subscriptions, s)
 		}
 	}
 	out.Clients = make([]status.Client, 0, len(st.Clients))
 	for _, c := range st.Clients {
-		if a.guard.Allows(ctx, iam.SubscriptionsList, projectOfName(c.Subscription)) {
+		if a.guard.Allows(ctx, iam.SubscriptionsList, iam.ProjectOf(c.Subscription)) {
 			out.Clients = append(out.Clients, c)
 		}
 	}
 	return &out
-}
-
-// projectOfName is projects/P of a resource name projects/P/….
-func projectOfName(name string) string {
-	const prefix = "projects/"
-	if len(name) <= len(prefix) || name[:len(prefix)] != prefix {
-		return name
-	}
-	for i := len(prefix); i < len(name); i++ {
-		if name[i] == '/' {
-			return name[:i]
-		}
-	}
-	return name
 }

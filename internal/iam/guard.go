@@ -105,10 +105,10 @@ func New(cfg Config) (*Guard, error) {
 // allowed reports whether principal holds perm on resource: through the
 // project-level policy of its project, or the resource's own policy.
 func (g *Guard) allowed(principal, perm, resource string) bool {
-	if g.projects.allows(strings.TrimPrefix(projectOf(resource), "projects/"), perm, principal) {
+	if g.projects.allows(strings.TrimPrefix(ProjectOf(resource), "projects/"), perm, principal) {
 		return true
 	}
-	if g.store != nil && resource != projectOf(resource) {
+	if g.store != nil && resource != ProjectOf(resource) {
 		return g.store.grants(resource).allows(perm, principal)
 	}
 	return false

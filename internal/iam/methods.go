@@ -34,7 +34,7 @@ func on[Req proto.Message](perm string, field func(Req) string) rule {
 // name its request holds (a resource to create, or a project itself).
 func inProject[Req proto.Message](perm string, field func(Req) string) rule {
 	return func(_ context.Context, _ *Guard, req proto.Message) []need {
-		return []need{{perm, projectOf(field(req.(Req)))}}
+		return []need{{perm, ProjectOf(field(req.(Req)))}}
 	}
 }
 
@@ -46,7 +46,7 @@ var rules = map[protoreflect.FullName]rule{
 	// Publisher
 	name[*pb.Topic](): func(_ context.Context, _ *Guard, req proto.Message) []need {
 		t := req.(*pb.Topic)
-		n := []need{{TopicsCreate, projectOf(t.GetName())}}
+		n := []need{{TopicsCreate, ProjectOf(t.GetName())}}
 		if s := t.GetSchemaSettings().GetSchema(); s != "" {
 			n = append(n, need{SchemasAttach, s})
 		}
@@ -76,13 +76,13 @@ var rules = map[protoreflect.FullName]rule{
 				return []need{{TopicsDetachSubscription, t}}
 			}
 		}
-		return []need{{TopicsDetachSubscription, projectOf(sub)}}
+		return []need{{TopicsDetachSubscription, ProjectOf(sub)}}
 	},
 
 	// Subscriber
 	name[*pb.Subscription](): func(_ context.Context, _ *Guard, req proto.Message) []need {
 		s := req.(*pb.Subscription)
-		return []need{{SubscriptionsCreate, projectOf(s.GetName())}, {TopicsAttachSubscription, s.GetTopic()}}
+		return []need{{SubscriptionsCreate, ProjectOf(s.GetName())}, {TopicsAttachSubscription, s.GetTopic()}}
 	},
 	name[*pb.GetSubscriptionRequest]():    on(SubscriptionsGet, (*pb.GetSubscriptionRequest).GetSubscription),
 	name[*pb.UpdateSubscriptionRequest](): on(SubscriptionsUpdate, func(r *pb.UpdateSubscriptionRequest) string { return r.GetSubscription().GetName() }),
@@ -97,7 +97,7 @@ var rules = map[protoreflect.FullName]rule{
 	name[*pb.ListSnapshotsRequest]():      on(SnapshotsList, (*pb.ListSnapshotsRequest).GetProject),
 	name[*pb.CreateSnapshotRequest](): func(_ context.Context, _ *Guard, req proto.Message) []need {
 		r := req.(*pb.CreateSnapshotRequest)
-		return []need{{SnapshotsCreate, projectOf(r.GetName())}, {SubscriptionsConsume, r.GetSubscription()}}
+		return []need{{SnapshotsCreate, ProjectOf(r.GetName())}, {SubscriptionsConsume, r.GetSubscription()}}
 	},
 	name[*pb.UpdateSnapshotRequest](): on(SnapshotsUpdate, func(r *pb.UpdateSnapshotRequest) string { return r.GetSnapshot().GetName() }),
 	name[*pb.DeleteSnapshotRequest](): on(SnapshotsDelete, (*pb.DeleteSnapshotRequest).GetSnapshot),
@@ -140,11 +140,11 @@ func name[M proto.Message]() protoreflect.FullName {
 	return m.ProtoReflect().Descriptor().FullName()
 }
 
-// projectOf is "projects/P" of a name "projects/P/…", or name itself when
+// ProjectOf is "projects/P" of a name "projects/P/…", or name itself when
 // it is one. A malformed name is returned as it is: no policy names it, so
 // only a grant for every project allows the call, whose own check then
 // refuses the name.
-func projectOf(name string) string {
+func ProjectOf(name string) string {
 	rest, ok := strings.CutPrefix(name, "projects/")
 	if !ok {
 		return name
@@ -153,9 +153,9 @@ func projectOf(name string) string {
 	return "projects/" + id
 }
 
-// kindOf is a resource's collection: "topics", "subscriptions",
+// KindOf is a resource's collection: "topics", "subscriptions",
 // "snapshots" or "schemas"; "" for a project or a malformed name.
-func kindOf(resource string) string {
+func KindOf(resource string) string {
 	parts := strings.Split(resource, "/")
 	if len(parts) != 4 || parts[0] != "projects" {
 		return ""
@@ -167,7 +167,7 @@ func kindOf(resource string) string {
 // pubsub.topics.getIamPolicy and so on. An unknown kind gets a permission
 // no role holds.
 func iamPermission(resource, verb string) string {
-	switch k := kindOf(resource); k {
+	switch k := KindOf(resource); k {
 	case "topics", "subscriptions", "snapshots", "schemas":
 		return "pubsub." + k + "." + verb
 	}

@@ -57,7 +57,7 @@ func (s *Service) Register(gs *grpc.Server) { iampb.RegisterIAMPolicyServer(gs, 
 // checkResource refuses a name that is not a topic, subscription,
 // snapshot or schema, and one that does not exist.
 func (s *Service) checkResource(ctx context.Context, resource string) error {
-	if kindOf(resource) == "" || iamPermission(resource, "x") == "pubsub.unknown.x" {
+	if KindOf(resource) == "" || iamPermission(resource, "x") == "pubsub.unknown.x" {
 		return status.Errorf(codes.InvalidArgument, "Invalid resource name %q: want projects/P/topics/T, projects/P/subscriptions/S, projects/P/snapshots/S or projects/P/schemas/S", resource)
 	}
 	if s.g.exists != nil {
@@ -165,7 +165,7 @@ func describeBindings(bs []*iampb.Binding) string {
 // TestIamPermissions returns the permissions of req that the caller holds
 // on the resource, which need not exist.
 func (s *Service) TestIamPermissions(ctx context.Context, req *iampb.TestIamPermissionsRequest) (*iampb.TestIamPermissionsResponse, error) {
-	if kindOf(req.GetResource()) == "" {
+	if KindOf(req.GetResource()) == "" {
 		return nil, status.Errorf(codes.InvalidArgument, "Invalid resource name %q", req.GetResource())
 	}
 	principal := CallerOf(ctx).Principal

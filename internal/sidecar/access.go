@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strings"
 	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
@@ -30,23 +29,16 @@ func (s *sidecar) checkExposure() error {
 	if s.cfg.accessConfigured() || s.cfg.AllowUnauthenticated {
 		return nil
 	}
-	for _, l := range []struct {
-		flag string
-		addr interface{ String() string }
-		open bool
-	}{{"--grpc-addr", s.gl.Addr(), beyondLoopback(s.gl.Addr())}, {"--http-addr", addrOf(s.hl), s.hl != nil && beyondLoopback(s.hl.Addr())}} {
-		if l.open {
-			return fmt.Errorf("%s %s listens beyond loopback without access control: configure --auth-tokens, --tls-client-ca or --auth-jwks (docs/SIDECAR.md, \"Access control\"), or pass --allow-unauthenticated to serve anyone who reaches it", l.flag, l.addr)
-		}
+	exposed := func(flag string, addr net.Addr) error {
+		return fmt.Errorf("%s %s listens beyond loopback without access control: configure --auth-tokens, --tls-client-ca or --auth-jwks (docs/SIDECAR.md, \"Access control\"), or pass --allow-unauthenticated to serve anyone who reaches it", flag, addr)
+	}
+	if beyondLoopback(s.gl.Addr()) {
+		return exposed("--grpc-addr", s.gl.Addr())
+	}
+	if s.hl != nil && beyondLoopback(s.hl.Addr()) {
+		return exposed("--http-addr", s.hl.Addr())
 	}
 	return nil
-}
-
-func addrOf(l interface{ Addr() net.Addr }) interface{ String() string } {
-	if l == nil {
-		return nil
-	}
-	return l.Addr()
 }
 
 // setupAccess builds the guard, with the resource policies' store, when
@@ -112,7 +104,7 @@ func (s *sidecar) topicOf(ctx context.Context, sub string) (string, error) {
 // (NOT_FOUND).
 func (s *sidecar) exists(ctx context.Context, resource string) error {
 	var err error
-	switch kindOf(resource) {
+	switch iam.KindOf(resource) {
 	case "topics":
 		_, err = s.api.GetTopic(ctx, &pb.GetTopicRequest{Topic: resource})
 	case "subscriptions":
@@ -125,15 +117,6 @@ func (s *sidecar) exists(ctx context.Context, resource string) error {
 		err = status.Errorf(codes.InvalidArgument, "Invalid resource name %q", resource)
 	}
 	return err
-}
-
-// kindOf is the collection of a resource name projects/P/KIND/ID.
-func kindOf(resource string) string {
-	parts := strings.Split(resource, "/")
-	if len(parts) != 4 || parts[0] != "projects" {
-		return ""
-	}
-	return parts[2]
 }
 
 // loadCA reads a PEM file of CA certificates.
