@@ -338,7 +338,7 @@ func (p *partition) letGo() {
 		case <-ctx.Done():
 		}
 	}()
-	info, err := p.cons.Info(ctx)
+	info, err := p.info(ctx)
 	unpin := err == nil && pinnedIn(info) == pin
 	if unpin {
 		err = p.stream.UnpinConsumer(ctx, info.Name, partitionGroup)

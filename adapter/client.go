@@ -36,6 +36,10 @@ type Client struct {
 	project string
 	cfg     clientConfig
 
+	// stateKV is the state bucket, once opened (stateBucket).
+	stateMu sync.Mutex
+	stateKV jetstream.KeyValue
+
 	mu       sync.Mutex
 	subsKV   jetstream.KeyValue
 	leases   jetstream.KeyValue
@@ -503,15 +507,48 @@ func (c *Client) registry(ctx context.Context) (subs, leases jetstream.KeyValue,
 }
 
 func (c *Client) openBucket(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	kv, err := c.js.KeyValue(ctx, cfg.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = c.js.CreateKeyValue(ctx, cfg)
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = c.js.KeyValue(ctx, cfg.Bucket)
+	var kv jetstream.KeyValue
+	err := c.retryAPI(ctx, func(ctx context.Context) (err error) {
+		kv, err = c.js.KeyValue(ctx, cfg.Bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			kv, err = c.js.CreateKeyValue(ctx, cfg)
+			if errors.Is(err, jetstream.ErrBucketExists) {
+				kv, err = c.js.KeyValue(ctx, cfg.Bucket)
+			}
 		}
-	}
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
 	}
 	return kv, nil
+}
+
+// apiAttempt bounds one attempt of an API request that retryAPI makes.
+const apiAttempt = 2 * time.Second
+
+// retryAPI makes the API request f in attempts of at most apiAttempt,
+// again after a transient failure, for at most the client's API timeout
+// in all (or until ctx ends). A request a cluster leaves unanswered (its
+// leader killed while it was on its way, or several clients creating
+// one stream at once) is then asked again instead of waited for until
+// the timeout.
+func (c *Client) retryAPI(ctx context.Context, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.apiTimeout)
+	defer cancel()
+	backoff := 50 * time.Millisecond
+	for {
+		actx, acancel := context.WithTimeout(ctx, min(c.cfg.apiTimeout, apiAttempt))
+		err := f(actx)
+		acancel()
+		if err == nil || ctx.Err() != nil || !transient(err) {
+			return err
+		}
+		select {
+		case <-time.After(backoff):
+			backoff = min(2*backoff, 500*time.Millisecond)
+		case <-ctx.Done():
+			return err
+		}
+	}
 }

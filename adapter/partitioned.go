@@ -105,7 +105,10 @@ type partition struct {
 	r     *receiver
 	index int
 	limit int
-	cons  jetstream.Consumer
+	name  string // of its consumer
+	// cons is the partition's consumer, once looked up (consumer).
+	consMu sync.Mutex
+	cons   jetstream.Consumer
 	// cc pulls the partition's messages while it is assigned to this
 	// receiver; nil while not. draining is the one a yield drains. Both
 	// under m.pullMu.
@@ -132,7 +135,11 @@ var _ holder = (*partition)(nil)
 // from each.
 func (m *partitionedMode) start(ctx context.Context) error {
 	r := m.r
-	stream, err := r.c.js.Stream(ctx, r.rec.stream())
+	var stream jetstream.Stream
+	err := r.c.retryAPI(ctx, func(ctx context.Context) (err error) {
+		stream, err = r.c.js.Stream(ctx, r.rec.stream())
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -140,11 +147,14 @@ func (m *partitionedMode) start(ctx context.Context) error {
 		return err
 	}
 	for i := range r.rec.Partitions {
-		cons, err := stream.Consumer(ctx, keyrouter.PartitionConsumer(r.rec.Project, r.rec.nameID(), i))
-		if err != nil {
+		p := &partition{m: m, r: r, index: i, limit: r.rec.PartitionBuffer, name: keyrouter.PartitionConsumer(r.rec.Project, r.rec.nameID(), i),
+			stream: stream, g: newGates(r.keyWindow())}
+		// A consumer without a leader for now (a node of the cluster
+		// down) is looked up again when needed; one that is gone ends
+		// Receive.
+		if _, err := p.consumer(ctx); err != nil && !transient(err) {
 			return fmt.Errorf("partition %d: %w", i, err)
 		}
-		p := &partition{m: m, r: r, index: i, limit: r.rec.PartitionBuffer, cons: cons, stream: stream, g: newGates(r.keyWindow())}
 		m.parts = append(m.parts, p)
 	}
 	m.recorded = make([]string, len(m.parts))
@@ -160,12 +170,49 @@ func (m *partitionedMode) start(ctx context.Context) error {
 	return nil
 }
 
+// consumer is the partition's consumer, looked up the first time it is
+// needed: a partition whose consumer has no leader for a while does not
+// hold up the others.
+func (p *partition) consumer(ctx context.Context) (jetstream.Consumer, error) {
+	p.consMu.Lock()
+	defer p.consMu.Unlock()
+	if p.cons == nil {
+		cons, err := p.stream.Consumer(ctx, p.name)
+		if err != nil {
+			return nil, err
+		}
+		p.cons = cons
+	}
+	return p.cons, nil
+}
+
+// info asks the server for the partition's consumer info.
+func (p *partition) info(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+	p.consMu.Lock()
+	cons := p.cons
+	p.consMu.Unlock()
+	if cons == nil {
+		cons, err := p.consumer(ctx) // which asks for it
+		if err != nil {
+			return nil, err
+		}
+		return cons.CachedInfo(), nil
+	}
+	return cons.Info(ctx)
+}
+
 // pull starts pulling the partition's messages.
 func (p *partition) pull() (jetstream.ConsumeContext, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), min(p.r.c.cfg.apiTimeout, 2*time.Second))
+	defer cancel()
+	cons, err := p.consumer(ctx)
+	if err != nil {
+		return nil, err
+	}
 	// A pull request must reach the server well within the pin's TTL, or
 	// an idle owner loses its partition.
-	expiry := max(p.cons.CachedInfo().Config.PinnedTTL/3, time.Second)
-	return p.cons.Consume(p.onMsg,
+	expiry := max(cons.CachedInfo().Config.PinnedTTL/3, time.Second)
+	return cons.Consume(p.onMsg,
 		jetstream.PullPriorityGroup(partitionGroup),
 		jetstream.PullExpiry(expiry),
 		jetstream.PullMaxMessages(min(p.r.rec.PartitionBuffer, 1000)),
@@ -241,8 +288,8 @@ func (m *partitionedMode) end(deadline time.Time) {
 			continue
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		if info, err := p.cons.Info(ctx); err == nil && pinnedIn(info) == pin {
-			_ = p.stream.UnpinConsumer(ctx, p.cons.CachedInfo().Name, partitionGroup)
+		if info, err := p.info(ctx); err == nil && pinnedIn(info) == pin {
+			_ = p.stream.UnpinConsumer(ctx, p.name, partitionGroup)
 		}
 		cancel()
 	}
@@ -383,7 +430,7 @@ func (p *partition) checkPin(pin string) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 2*time.Second))
 		var err error
-		info, err = p.cons.Info(ctx)
+		info, err = p.info(ctx)
 		cancel()
 		if err == nil {
 			break
@@ -454,7 +501,7 @@ func (p *partition) fence(n int) {
 		// Short: while a cluster elects the consumer's leader, a request
 		// can go unanswered; the next one finds the new leader.
 		ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, time.Second))
-		info, err := p.cons.Info(ctx)
+		info, err := p.info(ctx)
 		var a consumerAnswer
 		if err == nil {
 			a = consumerAnswer{unacked: info.NumAckPending, delivered: info.Delivered.Consumer}

@@ -441,7 +441,8 @@ func (p *publisher) retryable(err error, keyed bool) bool {
 	return transient(err)
 }
 
-// transient reports whether a publish error may go away by itself.
+// transient reports whether an error of a publish or an API request may
+// go away by itself (a cluster electing a leader, a reconnect).
 func transient(err error) bool {
 	var apiErr *jetstream.APIError
 	switch {

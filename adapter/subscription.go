@@ -912,12 +912,22 @@ func (s *Subscription) LayerState(ctx context.Context) (kv jetstream.KeyValue, p
 // creating it on first use: the layers' state and the partitions' owner
 // records.
 func (c *Client) stateBucket(ctx context.Context) (jetstream.KeyValue, error) {
-	return c.openBucket(ctx, jetstream.KeyValueConfig{
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	if c.stateKV != nil {
+		return c.stateKV, nil
+	}
+	kv, err := c.openBucket(ctx, jetstream.KeyValueConfig{
 		Bucket:      stateBucket,
 		Description: "jetorder per-subscription state: layers above the adapter, partition owners",
 		Storage:     jetstream.FileStorage,
 		Replicas:    c.cfg.replicas,
 	})
+	if err != nil {
+		return nil, err
+	}
+	c.stateKV = kv
+	return kv, nil
 }
 
 // purgeState removes every state key of the subscription, of every

@@ -329,7 +329,7 @@ func (p *partition) recoverLostAcks(ctx context.Context) bool {
 	}
 	ctx, cancel := context.WithTimeout(ctx, min(p.r.c.cfg.apiTimeout, 2*time.Second))
 	defer cancel()
-	info, err := p.cons.Info(ctx)
+	info, err := p.info(ctx)
 	if err != nil {
 		// the server may not be back yet
 		p.r.c.cfg.logger.Debug("acks the server lost not looked for yet: no consumer info", "subscription", p.r.sub.id, "partition", p.index, "err", err)
@@ -355,7 +355,7 @@ func (p *partition) takeFromGone(rec ownerRecord) (quiet bool) {
 	r := p.r
 	ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 2*time.Second))
 	defer cancel()
-	info, err := p.cons.Info(ctx)
+	info, err := p.info(ctx)
 	if err != nil {
 		r.c.cfg.logger.Debug("partition not taken over: no consumer info", "subscription", r.sub.id, "partition", p.index, "err", err)
 		return false

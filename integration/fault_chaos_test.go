@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -222,12 +221,12 @@ func chaosKills(t *testing.T, pipelined bool) {
 	}
 	for _, k := range []string{"sidecar", "nats", "all"} {
 		if d := byKind[k]; len(d) > 0 {
-			lines = append(lines, fmt.Sprintf("%s kills: %d, stall %s", k, len(d), percentiles(d)))
+			lines = append(lines, fmt.Sprintf("%s kills: %d, stall %s", k, len(d), itest.Percentiles(d)))
 		}
 	}
 	for _, k := range []string{"sidecar kills, client reconnect", "sidecar kills, the sidecar's share", "nats kills, server restart", "nats kills, the sidecar's share"} {
 		if d := byKind[k]; len(d) > 0 {
-			lines = append(lines, fmt.Sprintf("%s: %d, %s", k, len(d), percentiles(d)))
+			lines = append(lines, fmt.Sprintf("%s: %d, %s", k, len(d), itest.Percentiles(d)))
 		}
 	}
 	for _, s := range subs {
@@ -238,7 +237,7 @@ func chaosKills(t *testing.T, pipelined bool) {
 			s, keys*perKey, st.Deliveries, st.Redeliveries, w.ackedAgain, st.Rewinds))
 		w.mu.Unlock()
 	}
-	delivery := deliveryName()
+	delivery := itest.DeliveryName()
 	if pipelined {
 		delivery = "partitioned (label)"
 	}
@@ -290,12 +289,6 @@ func (k chaosKill) split() string {
 	return fmt.Sprintf(" (%s %v, then the sidecar %v)", k.backName(), k.back.Round(time.Millisecond), k.after.Round(time.Millisecond))
 }
 
-func percentiles(d []time.Duration) string {
-	slices.Sort(d)
-	at := func(q int) time.Duration { return d[min(len(d)-1, len(d)*q/100)].Round(time.Millisecond) }
-	return fmt.Sprintf("p50 %v, p95 %v, max %v", at(50), at(95), d[len(d)-1].Round(time.Millisecond))
-}
-
 // streamOpens records, per subscription, when the client last opened a
 // StreamingPull stream the server took.
 type streamOpens struct {
@@ -341,13 +334,6 @@ func chaosEnv(name string, def int) int {
 		return v
 	}
 	return def
-}
-
-func deliveryName() string {
-	if itest.Delivery == "" {
-		return "partitioned (default)"
-	}
-	return string(itest.Delivery)
 }
 
 // chaosConsumers describes every consumer of the chaos topic, for a

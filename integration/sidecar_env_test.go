@@ -2,19 +2,17 @@ package integration
 
 import (
 	"context"
-	"runtime/pprof"
-	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"cloud.google.com/go/pubsub/v2"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
+	"github.com/jetorder/jetorder/internal/itest"
 )
 
-func topicPath(id string) string { return "projects/" + project + "/topics/" + id }
-func subPath(id string) string   { return "projects/" + project + "/subscriptions/" + id }
+func topicPath(id string) string { return itest.TopicPath(id) }
+func subPath(id string) string   { return itest.SubPath(id) }
 
 func mustCreateTopic(t *testing.T, c *pubsub.Client, id string) {
 	t.Helper()
@@ -25,36 +23,13 @@ func mustCreateTopic(t *testing.T, c *pubsub.Client, id string) {
 
 func mustCreateSub(t *testing.T, c *pubsub.Client, s *pb.Subscription) {
 	t.Helper()
-	if _, err := c.SubscriptionAdminClient.CreateSubscription(context.Background(), s); err != nil {
-		t.Fatalf("CreateSubscription(%s): %v", s.Name, err)
-	}
+	itest.MustCreateSub(t, c, s)
 }
 
-// receiveGo runs a Go client Receive until the test ends, or until the
-// function it returns is called.
+// receiveGo is itest.ReceiveGo.
 func receiveGo(t *testing.T, sub *pubsub.Subscriber, f func(context.Context, *pubsub.Message)) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sub.Receive(ctx, f) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Receive: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				var stacks strings.Builder
-				_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
-				t.Errorf("Receive did not return within 30s; the client's goroutines:\n%s", clientStacks(stacks.String()))
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return itest.ReceiveGo(t, sub, f)
 }
 
 // publishGo publishes and waits for the id.
@@ -68,15 +43,3 @@ func publishGo(t *testing.T, p *pubsub.Publisher, data, key string) string {
 }
 
 func fieldMask(paths ...string) *fieldmaskpb.FieldMask { return &fieldmaskpb.FieldMask{Paths: paths} }
-
-// clientStacks keeps the goroutines of Google's Pub/Sub client from a
-// goroutine dump (pprof debug=1).
-func clientStacks(dump string) string {
-	var out []string
-	for g := range strings.SplitSeq(dump, "\n\n") {
-		if strings.Contains(g, "cloud.google.com/go/pubsub") {
-			out = append(out, g)
-		}
-	}
-	return strings.Join(out, "\n\n")
-}

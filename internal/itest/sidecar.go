@@ -304,6 +304,16 @@ func (s *Sidecar) Kill() {
 	s.stopped.Do(s.proc.Kill)
 }
 
+// Signal sends the binary sig (SIGSTOP, SIGCONT). An in-process sidecar
+// cannot be signalled: the test fails.
+func (s *Sidecar) Signal(sig os.Signal) {
+	s.t.Helper()
+	if s.proc == nil {
+		s.t.Fatal("itest: Signal needs a sidecar started with Binary")
+	}
+	s.proc.Signal(sig)
+}
+
 // Restart starts the sidecar again with the same configuration and
 // options, on the same data dir and the addresses it listened on (its
 // clients reconnect to it), stopping it first as Stop does if it still

@@ -635,6 +635,10 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 	if cfg.NATSTLSCert != "" || cfg.NATSTLSKey != "" {
 		opts = append(opts, nats.ClientCert(cfg.NATSTLSCert, cfg.NATSTLSKey))
 	}
+	// The URLs in the order given, not shuffled as nats.go would: the
+	// first is the server this sidecar should use (the one beside it),
+	// the others where it fails over to.
+	opts = append(opts, nats.DontRandomize())
 	nc, err := nats.Connect(cfg.NATSURL, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", redactURLs(cfg.NATSURL), err)

@@ -48,16 +48,27 @@ func Connect(t testing.TB, url string) *nats.Conn {
 // shows the state at the failure. Call Eventually on the test goroutine.
 func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) {
 	t.Helper()
+	if Poll(timeout, cond) {
+		return
+	}
+	for i, a := range args {
+		if v := reflect.ValueOf(a); v.Kind() == reflect.Func && v.Type().NumIn() == 0 && v.Type().NumOut() == 1 {
+			args[i] = v.Call(nil)[0].Interface()
+		}
+	}
+	t.Fatalf("after %v: "+msg, append([]any{timeout}, args...)...)
+}
+
+// Poll polls cond every 10ms until it is true or timeout passes, and
+// reports whether it became true: for waits whose failure the caller
+// reports itself.
+func Poll(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			for i, a := range args {
-				if v := reflect.ValueOf(a); v.Kind() == reflect.Func && v.Type().NumIn() == 0 && v.Type().NumOut() == 1 {
-					args[i] = v.Call(nil)[0].Interface()
-				}
-			}
-			t.Fatalf("after %v: "+msg, append([]any{timeout}, args...)...)
+			return cond()
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	return true
 }

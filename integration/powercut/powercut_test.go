@@ -1,4 +1,4 @@
-package integration
+package powercut_test
 
 import (
 	"context"
@@ -247,7 +247,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 		subMissing := false
 		for _, id := range topics {
 			if err := powerCutExists(func(ctx context.Context) error {
-				_, err := c.TopicAdminClient.GetTopic(ctx, &pb.GetTopicRequest{Topic: topicPath(id)})
+				_, err := c.TopicAdminClient.GetTopic(ctx, &pb.GetTopicRequest{Topic: itest.TopicPath(id)})
 				return err
 			}); err != nil {
 				res.missingResources = append(res.missingResources, fmt.Sprintf("topic %s after cut %d: %v", id, round, err))
@@ -259,7 +259,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 				break
 			}
 			if err := powerCutExists(func(ctx context.Context) error {
-				_, err := c.SubscriptionAdminClient.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: subPath(id)})
+				_, err := c.SubscriptionAdminClient.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: itest.SubPath(id)})
 				return err
 			}); err != nil {
 				subMissing = subMissing || id == sub
@@ -284,13 +284,13 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 			break
 		}
 		topic := "cut-topic-" + strconv.Itoa(round)
-		if _, err := c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath(topic)}); err != nil && status.Code(err) != codes.AlreadyExists {
+		if _, err := c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: itest.TopicPath(topic)}); err != nil && status.Code(err) != codes.AlreadyExists {
 			t.Fatalf("create topic %s: %v", topic, err)
 		}
 		topics = append(topics, topic)
 		if round == 0 {
 			for _, id := range []string{sub, audit} {
-				mustCreateSub(t, c, &pb.Subscription{Name: subPath(id), Topic: topicPath(topics[0]), EnableMessageOrdering: true, AckDeadlineSeconds: 10})
+				itest.MustCreateSub(t, c, &pb.Subscription{Name: itest.SubPath(id), Topic: itest.TopicPath(topics[0]), EnableMessageOrdering: true, AckDeadlineSeconds: 10})
 			}
 		}
 		// Receive while publishing, through the cut: acks a cut rolls back
@@ -488,7 +488,7 @@ func (o *powerCutOrder) handle(_ context.Context, m *pubsub.Message) {
 // until deliveries stop for 30 s after the first (then what did not come
 // is lost), or for 120 s. It returns what came.
 func powerCutReceive(t *testing.T, c *pubsub.Client, sub string, keys []string, acked map[string][]bool, o *powerCutOrder) (map[string]map[int]bool, int) {
-	stop := receiveGo(t, c.Subscriber(sub), o.handle)
+	stop := itest.ReceiveGo(t, c.Subscriber(sub), o.handle)
 	complete := func() bool {
 		for _, key := range keys {
 			for i, ok := range acked[key] {

@@ -1,7 +1,6 @@
-package integration
+package powercut_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,16 +8,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/powercut"
 	"github.com/jetorder/jetorder/internal/sidecar"
-	"github.com/jetorder/jetorder/internal/testutil"
 )
 
 // The power-cut harness on a 3-node cluster: three nats-server processes,
@@ -98,7 +92,7 @@ func (c *powerCutCluster) start(t *testing.T) *itest.Sidecar {
 		c.servers = append(c.servers, itest.StartProcess(t, c.serverBin, []string{"-c", conf}, nil, nil))
 	}
 	urls := strings.Join(c.clientURLs, ",")
-	waitClusterJetStream(t, urls)
+	itest.WaitClusterJetStream(t, urls)
 	c.p = itest.Start(t, sidecar.Config{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataDir: c.dataDir, NATSURL: urls, Replicas: 3}, itest.Binary(c.bin))
 	c.grpcAddr, c.httpAddr = c.p.GRPC, c.p.HTTP
 	return c.p
@@ -126,27 +120,6 @@ func (c *powerCutCluster) cut(t *testing.T) powercut.Stats {
 		sum.Bytes += st.Bytes
 	}
 	return sum
-}
-
-// waitClusterJetStream waits until the cluster's JetStream answers: a meta
-// leader is elected.
-func waitClusterJetStream(t *testing.T, urls string) {
-	t.Helper()
-	nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, 60*time.Second, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, err := js.AccountInfo(ctx)
-		return err == nil
-	}, "the cluster's JetStream did not answer")
 }
 
 // skipClusterCutPerKey skips the cluster's power cuts in make test's
