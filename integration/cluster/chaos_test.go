@@ -246,52 +246,97 @@ func (f *chaosFlow) stalls(from, to time.Time) (publish, delivery time.Duration)
 	return publish, delivery
 }
 
-// leaderProbe asks for the topic stream's info every 100 ms, as raw
-// JetStream clients would: the spans without an answer are the cluster's
-// own leader elections, the part of a stall that is not ours. Several
-// probes (one through each node) record their answers in one list.
+// leaderProbe asks, as raw JetStream clients would, for the info of what
+// delivery needs the cluster's leaders for: the topic's stream, the state
+// bucket's stream (owner and member records) and the subscription's
+// consumers, each every 250 ms. A span without an answer from one of them
+// is the cluster's own leader election (or a partition of its leader),
+// the part of a stall that is not ours. Several probes (one through each
+// node) record their answers together.
 type leaderProbe struct {
 	mu       sync.Mutex
-	answered []time.Time
-	leader   string // the stream's leader at the last answer
+	answered map[string][]time.Time // by stream or consumer
+	leader   string                 // the topic stream's leader at its last answer
 }
 
-func (p *leaderProbe) run(ctx context.Context, js jetstream.JetStream, stream string) {
+// run probes the streams named (the first the topic's) and their
+// consumers until ctx ends.
+func (p *leaderProbe) run(ctx context.Context, js jetstream.JetStream, streams ...string) {
 	for ctx.Err() == nil {
-		actx, cancel := context.WithTimeout(ctx, time.Second)
-		s, err := js.Stream(actx, stream)
-		var info *jetstream.StreamInfo
-		if err == nil {
-			info, err = s.Info(actx)
-		}
-		cancel()
-		if err == nil && info.Cluster != nil && info.Cluster.Leader != "" {
-			p.mu.Lock()
-			p.answered = append(p.answered, time.Now())
-			p.leader = info.Cluster.Leader
-			p.mu.Unlock()
+		for i, name := range streams {
+			actx, cancel := context.WithTimeout(ctx, time.Second)
+			s, err := js.Stream(actx, name)
+			var info *jetstream.StreamInfo
+			if err == nil {
+				info, err = s.Info(actx)
+			}
+			if err == nil && info.Cluster != nil && info.Cluster.Leader != "" {
+				p.answer(name, func() {
+					if i == 0 {
+						p.leader = info.Cluster.Leader
+					}
+				})
+				if i == 0 {
+					for c := range s.ListConsumers(actx).Info() {
+						if c.Cluster != nil && c.Cluster.Leader != "" {
+							p.answer(name+" > "+c.Name, nil)
+						}
+					}
+				}
+			}
+			cancel()
 		}
 		select {
-		case <-time.After(100 * time.Millisecond): // the probe's period
+		case <-time.After(250 * time.Millisecond): // the probe's period
 		case <-ctx.Done():
 		}
 	}
 }
 
-// election is the longest span within [from, to] without an answer.
+func (p *leaderProbe) answer(name string, also func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.answered == nil {
+		p.answered = map[string][]time.Time{}
+	}
+	p.answered[name] = append(p.answered[name], time.Now())
+	if also != nil {
+		also()
+	}
+}
+
+// election is the longest span within [from, to] in which one of the
+// probed streams and consumers, there before from, did not answer (by
+// to, the flow that ends a fault's window is steady again; a consumer
+// created or deleted meanwhile, a key's in per-key delivery, is no gap).
 func (p *leaderProbe) election(from, to time.Time) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var longest time.Duration
-	last := from
-	for _, a := range p.answered {
-		if a.Before(from) || a.After(to) {
+	for _, answered := range p.answered {
+		if len(answered) == 0 || answered[0].After(from) {
 			continue
 		}
-		longest = max(longest, a.Sub(last))
-		last = a
+		last := from
+		for _, a := range answered {
+			if a.Before(from) || a.After(to) {
+				continue
+			}
+			longest = max(longest, a.Sub(last))
+			last = a
+		}
 	}
-	return max(longest, to.Sub(last))
+	return longest
+}
+
+// lastAnswer is when the topic's stream last answered.
+func (p *leaderProbe) lastAnswer(stream string) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if a := p.answered[stream]; len(a) > 0 {
+		return a[len(a)-1]
+	}
+	return time.Time{}
 }
 
 func (p *leaderProbe) streamLeader() string {
@@ -397,7 +442,7 @@ func startClusterChaos(t *testing.T, o chaosOptions) *clusterChaosRun {
 		if err != nil {
 			t.Fatal(err)
 		}
-		probes.Go(func() { r.probe.run(probeCtx, pjs, r.stream) })
+		probes.Go(func() { r.probe.run(probeCtx, pjs, r.stream, "KV_JO_STATE") })
 	}
 	r.publish(nc, o.loseEvery)
 	testutil.Eventually(t, 60*time.Second, func() bool { return r.flow.flowingSince(time.Now().Add(-time.Hour)) }, "nothing published and acked")
@@ -450,7 +495,7 @@ func (r *clusterChaosRun) topicStream() string {
 }
 
 // publish starts the publisher: the library, each key's messages in
-// order, a round of every key about every 100 ms, a failed publish tried
+// order, a round of every key about every 200 ms, a failed publish tried
 // again until it is stored (it may then be stored twice: a redelivery of
 // an acked message, which the checker allows).
 func (r *clusterChaosRun) publish(nc *nats.Conn, loseEvery int) {
@@ -495,8 +540,12 @@ func (r *clusterChaosRun) publish(nc *nats.Conn, loseEvery int) {
 				})
 			}
 			wg.Wait()
-			select { // about 400 messages a second
-			case <-time.After(100 * time.Millisecond):
+			// About 5 messages a second for each key, 200 in all: half of
+			// what one key takes through Google's Go client (its acks go
+			// out in batches every 100 ms, and a key's next message waits
+			// for its ack), so that a backlog after a stall drains.
+			select {
+			case <-time.After(200 * time.Millisecond):
 			case <-ctx.Done():
 			}
 		}
@@ -571,16 +620,18 @@ func (r *clusterChaosRun) faults() []clusterFault {
 // fault's figures, or an error if the flow did not come back within 2
 // minutes.
 func (r *clusterChaosRun) inject(f clusterFault) (faultFigures, error) {
-	steady := func() bool { return r.flow.flowingSince(time.Now().Add(-time.Second)) }
+	// Steady: every key has a message acked whose publish began in the
+	// last 2 s (publishing goes round the keys about 5 times a second).
+	steady := func() bool { return r.flow.flowingSince(time.Now().Add(-2 * time.Second)) }
 	if !testutil.Poll(2*time.Minute, steady) {
-		return faultFigures{}, fmt.Errorf("not flowing 2 min before %q: %s", f.kind, r.stuckReport(time.Now().Add(-time.Second)))
+		return faultFigures{}, fmt.Errorf("not flowing 2 min before %q: %s", f.kind, r.stuckReport(time.Now().Add(-2*time.Second)))
 	}
 	from := time.Now()
 	f.do()()
 	undone := time.Now()
 	r.logf("%s undone", f.kind)
 	// Flowing again: every key has a message published after the undo
-	// acked, and every key goes on flowing for 5 s (a partition can
+	// acked, and every key goes on flowing for 3 s (a partition can
 	// stall again once the others flow: that stall is this fault's too).
 	var since time.Time
 	settled := func() bool {
@@ -590,7 +641,7 @@ func (r *clusterChaosRun) inject(f clusterFault) (faultFigures, error) {
 		case since.IsZero():
 			since = time.Now()
 		}
-		return !since.IsZero() && time.Since(since) >= 5*time.Second
+		return !since.IsZero() && time.Since(since) >= 3*time.Second
 	}
 	if !testutil.Poll(2*time.Minute, settled) {
 		return faultFigures{}, fmt.Errorf("%s: not flowing steadily 2 min after it was undone: %s", f.kind, r.stuckReport(undone))
@@ -605,12 +656,7 @@ func (r *clusterChaosRun) inject(f clusterFault) (faultFigures, error) {
 // stuckReport says which keys do not flow since t, the last publish
 // error and when the stream last answered.
 func (r *clusterChaosRun) stuckReport(t time.Time) string {
-	r.probe.mu.Lock()
-	var answered time.Time
-	if n := len(r.probe.answered); n > 0 {
-		answered = r.probe.answered[n-1]
-	}
-	r.probe.mu.Unlock()
+	answered := r.probe.lastAnswer(r.stream)
 	if dir := os.Getenv("JETORDER_CLUSTER_CHAOS_LOGS"); dir != "" {
 		_ = os.MkdirAll(dir, 0o755)
 		_ = os.WriteFile(filepath.Join(dir, "stream.txt"), []byte(r.whereIs(r.flow.firstStuck(t))), 0o644)
@@ -752,7 +798,7 @@ func TestClusterChaos(t *testing.T) {
 				t.Fatalf("round %d: %v", round+1, err)
 			}
 			figures[fault.kind] = append(figures[fault.kind], ff)
-			r.logf("round %d, %s: publish stall %v, delivery stall %v, stream without a leader %v; %d stored, deliveries per sidecar %d/%d/%d",
+			r.logf("round %d, %s: publish stall %v, delivery stall %v, the cluster electing leaders %v; %d stored, deliveries per sidecar %d/%d/%d",
 				round+1, fault.kind, ff.publish.Round(time.Millisecond), ff.delivery.Round(time.Millisecond), ff.election.Round(time.Millisecond),
 				r.published.Load(), r.perSidecar[0].Load(), r.perSidecar[1].Load(), r.perSidecar[2].Load())
 		}
@@ -768,7 +814,7 @@ func TestClusterChaos(t *testing.T) {
 		for _, ff := range ffs {
 			pub, del, el, beyond = append(pub, ff.publish), append(del, ff.delivery), append(el, ff.election), append(beyond, ff.beyond())
 		}
-		report = append(report, fmt.Sprintf("%s (%d): delivery stall %s; beyond the election %s; publish stall %s; stream without a leader %s",
+		report = append(report, fmt.Sprintf("%s (%d): delivery stall %s; beyond the election %s; publish stall %s; the cluster electing leaders %s",
 			f.kind, len(ffs), itest.Percentiles(del), itest.Percentiles(beyond), itest.Percentiles(pub), itest.Percentiles(el)))
 	}
 	st := r.chk.Stats("cluster-sub")
