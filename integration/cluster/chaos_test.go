@@ -122,8 +122,9 @@ type clusterFault struct {
 // index i), when its publish began, when it was stored and when it was
 // first acked: a fault's stalls are read from them.
 type chaosFlow struct {
-	mu   sync.Mutex
-	keys [][]msgTimes
+	mu      sync.Mutex
+	keys    [][]msgTimes
+	lastAck []time.Time // by key: its last first ack
 }
 
 type msgTimes struct {
@@ -131,7 +132,9 @@ type msgTimes struct {
 	handled              []int // the sidecars whose handlers got it, in order
 }
 
-func newChaosFlow(keys int) *chaosFlow { return &chaosFlow{keys: make([][]msgTimes, keys)} }
+func newChaosFlow(keys int) *chaosFlow {
+	return &chaosFlow{keys: make([][]msgTimes, keys), lastAck: make([]time.Time, keys)}
+}
 
 func (f *chaosFlow) at(k, i int) *msgTimes {
 	for len(f.keys[k]) <= i {
@@ -158,6 +161,7 @@ func (f *chaosFlow) acked(k, i, sidecar int) {
 	m := f.at(k, i)
 	if m.acked.IsZero() {
 		m.acked = time.Now()
+		f.lastAck[k] = m.acked
 	}
 	m.handled = append(m.handled, sidecar)
 }
@@ -165,6 +169,19 @@ func (f *chaosFlow) acked(k, i, sidecar int) {
 // flowingSince reports whether every key has a message acked whose
 // publish began after t: publishing and delivery both work again.
 func (f *chaosFlow) flowingSince(t time.Time) bool { return f.stuck(t) == "" }
+
+// progressing reports whether every key had a message acked for the
+// first time within the last d.
+func (f *chaosFlow) progressing(d time.Duration) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, t := range f.lastAck {
+		if time.Since(t) > d {
+			return false
+		}
+	}
+	return true
+}
 
 // stuck describes the keys without a message acked whose publish began
 // after t ("" if none).
@@ -620,9 +637,10 @@ func (r *clusterChaosRun) faults() []clusterFault {
 // fault's figures, or an error if the flow did not come back within 2
 // minutes.
 func (r *clusterChaosRun) inject(f clusterFault) (faultFigures, error) {
-	// Steady: every key has a message acked whose publish began in the
-	// last 2 s (publishing goes round the keys about 5 times a second).
-	steady := func() bool { return r.flow.flowingSince(time.Now().Add(-2 * time.Second)) }
+	// Steady: every key had a message acked in the last 2 s (publishing
+	// goes round the keys about 5 times a second). A backlog may still
+	// be draining: its wait is in the delivery stall.
+	steady := func() bool { return r.flow.progressing(2 * time.Second) }
 	if !testutil.Poll(2*time.Minute, steady) {
 		return faultFigures{}, fmt.Errorf("not flowing 2 min before %q: %s", f.kind, r.stuckReport(time.Now().Add(-2*time.Second)))
 	}

@@ -566,6 +566,10 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 		// restart, delivery waits for the reconnect (docs/RELIABILITY.md).
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectBufSize(-1), // the adapter requires it: see adapter.NewClient
+		// A server that stops answering (paused, or its host hung) is left
+		// for another after about 15 s, not nats.go's 4 minutes.
+		nats.PingInterval(5*time.Second),
+		nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil { // nil: our own close at shutdown
 				log.Warn("NATS disconnected", "err", err)
