@@ -7,14 +7,16 @@ GO ?= go
 run:
 	$(GO) run ./cmd/sidecar --data-dir ./data --nats-listen 127.0.0.1:4222
 
-## test: vet and run every test with the race detector; the integration suites run twice, the second time with per-key delivery
-# The integration tests are several packages (integration, its power cuts
-# and its multi-process cluster) so that go test runs them side by side.
+## test: vet and run every test with the race detector; the delivery tests run twice, the second time with per-key delivery
+# The integration tests are several packages (integration, its power cuts,
+# its multi-process cluster, access control) so that go test runs them
+# side by side; the second pass takes those whose subscriptions deliver.
+DELIVERY_PKGS := ./integration ./integration/powercut ./integration/cluster
 test: browser node-deps
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
 	# -count=1: the test cache does not see the variable (read at package init)
-	JETORDER_TEST_DELIVERY=per-key $(GO) test -race -count=1 -timeout 20m ./integration/...
+	JETORDER_TEST_DELIVERY=per-key $(GO) test -race -count=1 -timeout 20m $(DELIVERY_PKGS)
 
 ## browser: a Chromium for the status page's browser test; .ci/chromium installs Debian's chromium when none is found (as root)
 browser:
