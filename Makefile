@@ -1,14 +1,14 @@
 # jetorder: ordering keys on NATS JetStream.
 GO ?= go
 
-.PHONY: run test browser node-deps bench soak fuzz build
+.PHONY: run test browser emulator node-deps bench soak fuzz build
 
 ## run: start the sidecar with its embedded NATS server (data in ./data)
 run:
 	$(GO) run ./cmd/sidecar --data-dir ./data --nats-listen 127.0.0.1:4222
 
 ## test: vet and run every test with the race detector; the integration suite runs twice, the second time with per-key delivery
-test: browser node-deps
+test: browser emulator node-deps
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
 	# -count=1: the test cache does not see the variable (read at package init)
@@ -17,6 +17,10 @@ test: browser node-deps
 ## browser: a Chromium for the status page's browser test; .ci/chromium installs Debian's chromium when none is found (as root)
 browser:
 	bash .ci/chromium
+
+## emulator: Google's Pub/Sub emulator for the parity tests; .ci/pubsub-emulator installs Debian's google-cloud-cli-pubsub-emulator when none is found (as root)
+emulator:
+	bash .ci/pubsub-emulator
 
 ## node-deps: Google's Node.js client for integration/access's Node test (npm ci in integration/access/node, again when its lock file changes)
 # Without npm the test is skipped, unless JETORDER_REQUIRE_NODE=1 (CI), where
