@@ -1,0 +1,150 @@
+// Package googleclient runs Google's own integration tests of its Go
+// Pub/Sub client (cloud.google.com/go/pubsub/v2, integration_test.go)
+// against a sidecar, as a user of PUBSUB_EMULATOR_HOST would.
+package googleclient
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io/fs"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jetorder/jetorder/internal/itest"
+	"github.com/jetorder/jetorder/internal/pubsubapi"
+	"github.com/jetorder/jetorder/internal/sidecar"
+)
+
+const clientModule = "cloud.google.com/go/pubsub/v2"
+
+// clientPatch makes Google's integration tests use PUBSUB_EMULATOR_HOST:
+// integrationTestClient wants Google credentials (a service account key
+// in GCLOUD_TESTS_GOLANG_KEY), and some tests name a regional endpoint of
+// the service, which the emulator host must override.
+var clientPatch = [2]string{
+	`	ts := testutil.TokenSource(ctx, ScopePubSub, ScopeCloudPlatform)
+	if ts == nil {
+		t.Skip("Integration tests skipped. See CONTRIBUTING.md for details")
+	}
+	opts = append(withGRPCHeadersAssertion(t, option.WithTokenSource(ts)), opts...)`,
+	`	opts = append(withGRPCHeadersAssertion(t, opts...), option.WithEndpoint(os.Getenv("PUBSUB_EMULATOR_HOST")))`,
+}
+
+// notOnTheSidecar are Google's tests that cannot pass without Google, and
+// what they get instead.
+var notOnTheSidecar = map[string]string{
+	// It subscribes to Google's public topic
+	// projects/pubsub-public-data/topics/taxirides-realtime: NOT_FOUND.
+	"TestIntegration_PublicTopic": "fail",
+	// It needs Google credentials to detect the project from (and skips
+	// itself: "doesn't pass locally").
+	"TestIntegration_DetectProjectID": "skip",
+}
+
+// Every test of Google's integration_test.go passes against a sidecar
+// with pipelined ordering (the service's: a test sends 1000 messages on
+// one key), except those in notOnTheSidecar.
+func TestGoogleClientIntegrationTests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go test on Google's client: not in -short")
+	}
+	src := goList(t, "list", "-m", "-f", "{{.Dir}}", clientModule)
+	dir := t.TempDir()
+	copyModule(t, src, dir)
+	file := filepath.Join(dir, "integration_test.go")
+	code, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(code, []byte(clientPatch[0])) {
+		t.Fatalf("%s's integrationTestClient changed: update clientPatch", clientModule)
+	}
+	code = bytes.Replace(code, []byte(clientPatch[0]), []byte(clientPatch[1]), 1)
+	if err := os.WriteFile(file, code, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	sc := itest.Start(t, sidecar.Config{Ordering: pubsubapi.PipelinedOrdering})
+	cmd := exec.Command("go", "test", "-count=1", "-json", "-run", "^TestIntegration_", ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PUBSUB_EMULATOR_HOST="+sc.GRPC, "GCLOUD_TESTS_GOLANG_PROJECT_ID="+itest.Project, "GOFLAGS=-mod=mod")
+	out, _ := cmd.Output() // failing tests fail the command: the results say which
+	results, logs := testResults(out)
+	if len(results) == 0 {
+		t.Fatalf("go test of Google's integration tests reported no test:\n%s", out)
+	}
+	for _, name := range slices.Sorted(maps.Keys(results)) {
+		want := "pass"
+		if w, ok := notOnTheSidecar[name]; ok {
+			want = w
+		}
+		if results[name] != want {
+			t.Errorf("%s: %s, want %s\n%s", name, results[name], want, logs[name])
+		}
+	}
+	for name := range notOnTheSidecar {
+		if _, ok := results[name]; !ok {
+			t.Errorf("%s did not run: update notOnTheSidecar", name)
+		}
+	}
+	t.Logf("Google's %s integration tests: %v", clientModule, results)
+}
+
+// testResults reads go test -json output: the result of each top-level
+// test, and its output.
+func testResults(out []byte) (results, logs map[string]string) {
+	results, logs = map[string]string{}, map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var ev struct{ Action, Test, Output string }
+		if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.Test == "" || strings.Contains(ev.Test, "/") {
+			continue
+		}
+		switch ev.Action {
+		case "pass", "fail", "skip":
+			results[ev.Test] = ev.Action
+		case "output":
+			logs[ev.Test] += ev.Output
+		}
+	}
+	return results, logs
+}
+
+func goList(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("go", args...).Output()
+	if err != nil {
+		t.Fatalf("go %s: %v", strings.Join(args, " "), err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// copyModule copies the module at src (read-only in the module cache) to
+// dst, writable.
+func copyModule(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), data, 0o644)
+	})
+	if err != nil {
+		t.Fatalf("copy %s: %v", src, err)
+	}
+}
