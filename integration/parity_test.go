@@ -617,8 +617,8 @@ func TestParityPipelinedOrdering(t *testing.T) {
 }
 
 // A topic's message_storage_policy is kept and returned, and replaced or
-// removed by UpdateTopic (an empty policy is none, as the service then
-// uses its default); a region that is not a region name is refused.
+// removed by UpdateTopic; a policy without regions, or with a region that
+// is not a region name, is refused, as the service refuses it.
 // Google's emulator keeps what it is given at creation, checks nothing,
 // and cannot update it.
 func TestParityMessageStoragePolicy(t *testing.T) {
@@ -672,7 +672,9 @@ func TestParityMessageStoragePolicy(t *testing.T) {
 		_, err = update(&pb.MessageStoragePolicy{AllowedPersistenceRegions: []string{"us-east1", "Mars"}})
 		wantCode(t, "an update with a bad region", err, codes.InvalidArgument)
 		expect("after a refused update", nil, other) // nil: only GetTopic
-		up, err = update(&pb.MessageStoragePolicy{})
+		_, err = update(&pb.MessageStoragePolicy{})
+		wantCode(t, "an update to no region", err, codes.InvalidArgument)
+		up, err = update(nil)
 		if err != nil {
 			t.Fatal(err)
 		}

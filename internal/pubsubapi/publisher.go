@@ -110,7 +110,7 @@ func (s *Server) topicProto(ctx context.Context, t *adapter.Topic, cfg adapter.T
 
 // UpdateTopic changes a topic's labels, message_retention_duration
 // (removed by an empty one: messages are then kept until the topic is
-// deleted), message_storage_policy (removed by one without regions) and
+// deleted), message_storage_policy (removed by none) and
 // schema_settings: the whole (removed by an empty one) or
 // its fields schema_settings.schema, .encoding, .first_revision_id and
 // .last_revision_id, as the service and its samples do; the result is

@@ -23,14 +23,16 @@ type storagePolicy struct {
 // europe-west4, northamerica-northeast1.
 var regionPattern = regexp.MustCompile(`^[a-z]+(-[a-z]+)+[0-9]+$`)
 
-// checkStoragePolicy checks topic name's policy p; nil (no policy) for
-// none or one without regions, as the service then uses its default.
+// checkStoragePolicy checks topic name's policy p; nil for none. A policy
+// without regions is refused, as the service refuses it ("removing all
+// regions" fails in Google's v1 client tests): no policy is how to have
+// none.
 func checkStoragePolicy(name string, p *pb.MessageStoragePolicy) (*storagePolicy, error) {
-	if len(p.GetAllowedPersistenceRegions()) == 0 {
-		if p.GetEnforceInTransit() {
-			return nil, invalid("topic %s: message_storage_policy.enforce_in_transit needs allowed_persistence_regions", name)
-		}
+	if p == nil {
 		return nil, nil
+	}
+	if len(p.GetAllowedPersistenceRegions()) == 0 {
+		return nil, invalid("topic %s: message_storage_policy names no region in allowed_persistence_regions", name)
 	}
 	for _, r := range p.GetAllowedPersistenceRegions() {
 		if !regionPattern.MatchString(r) {
