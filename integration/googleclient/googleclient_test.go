@@ -1,7 +1,9 @@
-// Package googleclient runs Google's own integration tests of its Go
-// Pub/Sub clients (integration_test.go of cloud.google.com/go/pubsub/v2
-// and of the v1 client, cloud.google.com/go/pubsub) against a sidecar, as
-// a user of PUBSUB_EMULATOR_HOST would.
+// Package googleclient runs Google's own clients against a sidecar as
+// their users run them: the integration tests of its Go Pub/Sub clients
+// (integration_test.go of cloud.google.com/go/pubsub/v2 and of the v1
+// client, cloud.google.com/go/pubsub) through PUBSUB_EMULATOR_HOST, and
+// the gcloud CLI's pubsub commands (gcloud_test.go). A package of its own,
+// so that it runs beside the integration package.
 package googleclient
 
 import (
@@ -105,6 +107,7 @@ func TestGoogleClientIntegrationTests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go test on Google's clients: not in -short")
 	}
+	t.Parallel()
 	sc := itest.Start(t, sidecar.Config{Ordering: pubsubapi.PipelinedOrdering})
 	for _, m := range clientModules {
 		t.Run(path.Base(m.path), func(t *testing.T) { runClientTests(t, sc, m) })
