@@ -19,7 +19,11 @@ func TestGcloudWalk(t *testing.T) {
 	sc := itest.Start(t, sidecar.Config{})
 	ok := func(args ...string) string { t.Helper(); out, errOut := sc.Gcloud(false, args...); return out + errOut }
 	fails := func(args ...string) string { t.Helper(); out, errOut := sc.Gcloud(true, args...); return out + errOut }
-	value := func(args ...string) string { t.Helper(); out, _ := sc.Gcloud(false, args...); return strings.TrimSpace(out) }
+	value := func(args ...string) string {
+		t.Helper()
+		out, _ := sc.Gcloud(false, args...)
+		return strings.TrimSpace(out)
+	}
 
 	// Topics.
 	mustContain(t, "topics create", ok("topics", "create", "orders", "--labels=team=ops", "--message-retention-duration=1h",
