@@ -215,6 +215,15 @@ func TestParitySettingsKept(t *testing.T) {
 		_, err = c.SubscriptionAdminClient.CreateSubscription(ctx, &pb.Subscription{Name: b.sub("short"), Topic: b.topic("top"),
 			MessageRetentionDuration: durationpb.New(time.Second)})
 		wantCode(t, "subscription retention of 1s", err, codes.InvalidArgument)
+		// The service's least expiration ttl is a day; Google's emulator
+		// and pstest take less.
+		_, err = c.SubscriptionAdminClient.CreateSubscription(ctx, &pb.Subscription{Name: b.sub("brief"), Topic: b.topic("top"),
+			MessageRetentionDuration: durationpb.New(10 * time.Minute), ExpirationPolicy: &pb.ExpirationPolicy{Ttl: durationpb.New(time.Hour)}})
+		if b.emulator || b.fake {
+			wantCode(t, b.name+"'s expiration ttl of an hour", err, codes.OK)
+		} else {
+			wantCode(t, "expiration ttl of an hour", err, codes.InvalidArgument)
+		}
 		_, err = c.SubscriptionAdminClient.UpdateSubscription(ctx, &pb.UpdateSubscriptionRequest{
 			Subscription: &pb.Subscription{Name: b.sub("missing"), AckDeadlineSeconds: 30}, UpdateMask: fieldMask("ack_deadline_seconds")})
 		wantCode(t, "update of a missing subscription", err, codes.NotFound)
