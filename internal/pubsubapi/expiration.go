@@ -32,7 +32,8 @@ import (
 // streams, Pull calls or pushes attached to, then deletes those whose
 // record is older than their ttl and activityGranularity: never before
 // the ttl has passed. A subscription without a record (created before
-// this version) starts counting at its next activity.
+// this version, or by the library) starts counting at its next activity
+// through a sidecar.
 
 const (
 	activityBucket      = "JO_ACTIVITY"
