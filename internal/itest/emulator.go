@@ -111,8 +111,9 @@ func startEmulator() (string, error) {
 	go func() { _ = cmd.Wait(); close(exited) }()
 	// The emulator answers "Ok" to a plain HTTP GET once it serves.
 	deadline := time.Now().Add(60 * time.Second)
+	hc := &http.Client{Timeout: 2 * time.Second}
 	for {
-		resp, err := http.Get("http://" + addr + "/")
+		resp, err := hc.Get("http://" + addr + "/")
 		if err == nil {
 			body, _ := io.ReadAll(resp.Body)
 			_ = resp.Body.Close()
