@@ -1,7 +1,6 @@
 package itest
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -81,12 +80,7 @@ func Emulator(t testing.TB) (addr, project string) {
 func EmulatorClient(t testing.TB) *pubsub.Client {
 	t.Helper()
 	addr, project := Emulator(t)
-	c, err := pubsub.NewClient(context.Background(), project, ClientOptions(addr)...)
-	if err != nil {
-		t.Fatalf("pubsub.NewClient: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return GoClientOf(t, addr, project)
 }
 
 func startEmulator() (string, error) {
