@@ -1,7 +1,7 @@
 # jetorder: ordering keys on NATS JetStream.
 GO ?= go
 
-.PHONY: run test browser node-deps bench soak fuzz build
+.PHONY: run test browser emulator node-deps bench soak fuzz build
 
 ## run: start the sidecar with its embedded NATS server (data in ./data)
 run:
@@ -9,10 +9,11 @@ run:
 
 ## test: vet and run every test with the race detector; the delivery tests run twice, the second time with per-key delivery
 # The integration tests are several packages (integration, its power cuts,
-# its multi-process cluster, access control) so that go test runs them
-# side by side; the second pass takes those whose subscriptions deliver.
+# its multi-process cluster, access control, Google's clients' own tests)
+# so that go test runs them side by side; the second pass takes those
+# whose subscriptions deliver.
 DELIVERY_PKGS := ./integration ./integration/powercut ./integration/cluster
-test: browser node-deps
+test: browser emulator node-deps
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
 	# -count=1: the test cache does not see the variable (read at package init)
@@ -21,6 +22,10 @@ test: browser node-deps
 ## browser: a Chromium for the status page's browser test; .ci/chromium installs Debian's chromium when none is found (as root)
 browser:
 	bash .ci/chromium
+
+## emulator: Google's Pub/Sub emulator for the parity tests; .ci/pubsub-emulator installs Debian's google-cloud-cli-pubsub-emulator when none is found (as root)
+emulator:
+	bash .ci/pubsub-emulator
 
 ## node-deps: Google's Node.js client for integration/access's Node test (npm ci in integration/access/node, again when its lock file changes)
 # Without npm the test is skipped, unless JETORDER_REQUIRE_NODE=1 (CI), where

@@ -1,7 +1,11 @@
 package cloudevents
 
 import (
+	"encoding/json"
+	"fmt"
+	"maps"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -24,9 +28,12 @@ import (
 // attribute, so that Pub/Sub clients get back what they sent; the header
 // is written beside it, unless a content-type attribute is there too.
 //
+// An event without a recordedtime extension is stamped now, as Encode
+// stamps events published over HTTP.
+//
 // Other messages are left as they are. Delivery turns the headers back
-// into plain attributes (adapter.Message.PubSubAttributes). m's maps are
-// not written; changed ones are replaced.
+// into plain attributes (ToPubSub). m's maps are not written; changed ones
+// are replaced.
 func FromPubSub(m *adapter.Message) {
 	_, binary := m.Attributes[headerPrefix+"specversion"]
 	ct, hasCT := contentTypeAttribute(m.Attributes)
@@ -58,6 +65,58 @@ func FromPubSub(m *adapter.Message) {
 		attrs = nil
 	}
 	m.Attributes, m.Header = attrs, h
+	recorded := time.Now().UTC().Truncate(time.Microsecond).Format(recordedTimeLayout)
+	if binary {
+		if _, ok := h[headerPrefix+ExtRecordedTime]; !ok {
+			h[headerPrefix+ExtRecordedTime] = []string{PercentEncode(recorded)}
+		}
+	} else {
+		m.Data = withMember(m.Data, ExtRecordedTime, recorded)
+	}
+}
+
+// ToPubSub is the data and attributes a Pub/Sub client gets for a
+// delivered message: its attributes as adapter.Message.PubSubAttributes
+// gives them and its data, except that an event without a sequence
+// extension gets its position in the topic as one, as Decode gives it (a
+// ce-sequence attribute in binary mode, a sequence member in structured
+// mode). m is not written.
+func ToPubSub(m *adapter.Message) (data []byte, attrs map[string]string) {
+	data, attrs = m.Data, m.PubSubAttributes()
+	if m.StreamSequence == 0 {
+		return data, attrs
+	}
+	seq := fmt.Sprintf("%020d", m.StreamSequence)
+	if _, binary := attrs[headerPrefix+"specversion"]; binary {
+		if _, ok := attrs[headerPrefix+ExtSequence]; !ok {
+			attrs = maps.Clone(attrs) // PubSubAttributes may return m.Attributes
+			attrs[headerPrefix+ExtSequence] = seq
+		}
+		return data, attrs
+	}
+	if ct, ok := contentTypeAttribute(attrs); ok && strings.HasPrefix(mediaType(ct), "application/cloudevents") {
+		data = withMember(data, ExtSequence, seq)
+	}
+	return data, attrs
+}
+
+// withMember is the structured event data with the string member name set
+// to value unless it has one; data that is not a JSON object is returned
+// as it is (the Pub/Sub API takes any data).
+func withMember(data []byte, name, value string) []byte {
+	var members map[string]json.RawMessage
+	if json.Unmarshal(data, &members) != nil || members == nil {
+		return data
+	}
+	if _, ok := members[name]; ok {
+		return data
+	}
+	members[name], _ = json.Marshal(value)
+	out, err := json.Marshal(members)
+	if err != nil {
+		return data
+	}
+	return out
 }
 
 // contentTypeAttribute is the content-type attribute: the one spelt so, or

@@ -6,19 +6,24 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"cloud.google.com/go/pubsub/v2"
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/adapter"
 	ce "github.com/jetorder/jetorder/cloudevents"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -352,5 +357,63 @@ func TestCloudEventsInvalidEventPausesItsKey(t *testing.T) {
 	topic.ResumePublish("k")
 	if _, err := ce.Publish(ctx, topic, good).Get(ctx); err != nil {
 		t.Fatalf("after ResumePublish: %v", err)
+	}
+}
+
+// An event published through Google's Go client is stamped as one
+// published over HTTP: recordedtime when it has none. Delivered to the Go
+// client, an event without a sequence gets its position in the topic as
+// one, as the library's Decode gives it; what the producer wrote is kept.
+// Binary mode (ce-* attributes) and structured mode (a JSON body) alike.
+func TestCloudEventsGoClientStamps(t *testing.T) {
+	sc := itest.Start(t, sidecar.Config{})
+	c := sc.GoClient()
+	mustCreateTopic(t, c, "stamped")
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("stamped"), Topic: topicPath("stamped")})
+	pub := c.Publisher("stamped")
+	defer pub.Stop()
+	binary := map[string]string{"ce-specversion": "1.0", "ce-id": "b1", "ce-source": "/go", "ce-type": "t"}
+	kept := map[string]string{"ce-specversion": "1.0", "ce-id": "b2", "ce-source": "/go", "ce-type": "t",
+		"ce-sequence": "7", "ce-recordedtime": "2026-01-02T03:04:05.000006Z"}
+	structured := map[string]string{"content-type": "application/cloudevents+json"}
+	ctx := context.Background()
+	for _, m := range []*pubsub.Message{
+		{Data: []byte("b1"), Attributes: binary},
+		{Data: []byte("b2"), Attributes: kept},
+		{Data: []byte(`{"specversion":"1.0","id":"s1","source":"/go","type":"t","data":"s1"}`), Attributes: structured},
+	} {
+		if _, err := pub.Publish(ctx, m).Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := receiveAll(t, c.Subscriber("stamped"), 3, nil)
+	seqPattern := regexp.MustCompile(`^[0-9]{20}$`)
+	for _, m := range got {
+		switch id := m.Attributes["ce-id"]; {
+		case id == "b1":
+			if !seqPattern.MatchString(m.Attributes["ce-sequence"]) {
+				t.Errorf("b1: ce-sequence %q, want the stream sequence in 20 digits", m.Attributes["ce-sequence"])
+			}
+			if _, err := time.Parse(time.RFC3339Nano, m.Attributes["ce-recordedtime"]); err != nil {
+				t.Errorf("b1: ce-recordedtime %q: %v", m.Attributes["ce-recordedtime"], err)
+			}
+		case id == "b2":
+			if m.Attributes["ce-sequence"] != "7" || m.Attributes["ce-recordedtime"] != kept["ce-recordedtime"] {
+				t.Errorf("b2: the producer's sequence and recordedtime changed: %v", m.Attributes)
+			}
+		default:
+			var e map[string]any
+			if err := json.Unmarshal(m.Data, &e); err != nil || e["id"] != "s1" {
+				t.Fatalf("structured event delivered as %s (%v)", m.Data, err)
+			}
+			if s, _ := e["sequence"].(string); !seqPattern.MatchString(s) {
+				t.Errorf("structured: sequence %v, want the stream sequence in 20 digits", e["sequence"])
+			}
+			if r, _ := e["recordedtime"].(string); r == "" {
+				t.Errorf("structured: no recordedtime in %s", m.Data)
+			} else if _, err := time.Parse(time.RFC3339Nano, r); err != nil {
+				t.Errorf("structured: recordedtime %q: %v", r, err)
+			}
+		}
 	}
 }

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,24 +27,31 @@ import (
 
 // eodAckDeadline is a subscription ack deadline short enough that a
 // redelivery would show within the tests' quiet windows: the sidecar's is
-// JetStream's AckWait (it accepts 1..9 s); pstest refuses less than 10 s,
-// but its leases follow the client's (eodLease).
+// JetStream's AckWait (it accepts 1..9 s); pstest and Google's emulator
+// refuse less than 10 s, but pstest's leases follow the client's
+// (eodLease).
 func eodAckDeadline(b backend) int32 {
-	if b.fake {
+	if b.fake || b.emulator {
 		return 10
 	}
 	return 2
 }
 
 // eodLease is the lease the Go client asks for, per extension: with
-// exactly-once delivery it otherwise takes at least a minute.
-const eodLease = 3 * time.Second
+// exactly-once delivery it otherwise takes at least a minute. Google's
+// emulator, as the service, refuses a stream ack deadline under 10 s.
+func eodLease(b backend) time.Duration {
+	if b.emulator {
+		return 10 * time.Second
+	}
+	return 3 * time.Second
+}
 
 // eodSubscriber is a Go client Subscriber whose leases last eodLease.
-func eodSubscriber(c *pubsub.Client, sub string) *pubsub.Subscriber {
-	s := c.Subscriber(sub)
-	s.ReceiveSettings.MinDurationPerAckExtension = eodLease
-	s.ReceiveSettings.MaxDurationPerAckExtension = eodLease
+func eodSubscriber(b backend, sub string) *pubsub.Subscriber {
+	s := b.client.Subscriber(sub)
+	s.ReceiveSettings.MinDurationPerAckExtension = eodLease(b)
+	s.ReceiveSettings.MaxDurationPerAckExtension = eodLease(b)
 	return s
 }
 
@@ -54,14 +62,19 @@ type eodDelivery struct {
 	data string
 }
 
-// quietFor asserts that nothing arrives on ch for d: what it asserts is an
-// absence, so it waits the period out.
-func quietFor(t *testing.T, ch <-chan eodDelivery, d time.Duration, why string) {
+// quietFor asserts that nothing arrives on ch for a lease and a second:
+// what it asserts is an absence, so it waits the period out. Not for
+// Google's emulator, whose leases of 10 s at least would make it wait 11 s
+// for a server that is not this project's.
+func quietFor(t *testing.T, b backend, ch <-chan eodDelivery, why string) {
 	t.Helper()
+	if b.emulator {
+		return
+	}
 	select {
 	case got := <-ch:
 		t.Fatalf("%s: %q delivered again (id %s)", why, got.data, got.m.ID)
-	case <-time.After(d):
+	case <-time.After(eodLease(b) + time.Second):
 	}
 }
 
@@ -95,14 +108,14 @@ func TestParityExactlyOnceSettings(t *testing.T) {
 		ctx := context.Background()
 		c := b.client
 		mustCreateTopic(t, c, "top")
-		created, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pb.Subscription{Name: subPath("eod"), Topic: topicPath("top"),
+		created, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pb.Subscription{Name: b.sub("eod"), Topic: b.topic("top"),
 			EnableExactlyOnceDelivery: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		get := func(sub string) *pb.Subscription {
 			t.Helper()
-			s, err := c.SubscriptionAdminClient.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: subPath(sub)})
+			s, err := c.SubscriptionAdminClient.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: b.sub(sub)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -113,7 +126,7 @@ func TestParityExactlyOnceSettings(t *testing.T) {
 		}
 		for _, on := range []bool{false, true} {
 			up, err := c.SubscriptionAdminClient.UpdateSubscription(ctx, &pb.UpdateSubscriptionRequest{
-				Subscription: &pb.Subscription{Name: subPath("eod"), EnableExactlyOnceDelivery: on}, UpdateMask: fieldMask("enable_exactly_once_delivery")})
+				Subscription: &pb.Subscription{Name: b.sub("eod"), EnableExactlyOnceDelivery: on}, UpdateMask: fieldMask("enable_exactly_once_delivery")})
 			if err != nil {
 				t.Fatalf("update to %v: %v", on, err)
 			}
@@ -121,7 +134,7 @@ func TestParityExactlyOnceSettings(t *testing.T) {
 				t.Fatalf("updated to %v: update answered %v, get %v", on, up.EnableExactlyOnceDelivery, get("eod").EnableExactlyOnceDelivery)
 			}
 		}
-		mustCreateSub(t, c, &pb.Subscription{Name: subPath("eod-ordered"), Topic: topicPath("top"), EnableExactlyOnceDelivery: true, EnableMessageOrdering: true})
+		mustCreateSub(t, c, &pb.Subscription{Name: b.sub("eod-ordered"), Topic: b.topic("top"), EnableExactlyOnceDelivery: true, EnableMessageOrdering: true})
 		if s := get("eod-ordered"); !s.EnableExactlyOnceDelivery || !s.EnableMessageOrdering {
 			t.Fatalf("exactly-once with ordering: %v", s)
 		}
@@ -145,7 +158,7 @@ func openEODStream(t *testing.T, c *pubsub.Client, sub string) *eodStream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stream.Send(&pb.StreamingPullRequest{Subscription: subPath(sub), StreamAckDeadlineSeconds: 30}); err != nil {
+	if err := stream.Send(&pb.StreamingPullRequest{Subscription: "projects/" + c.Project() + "/subscriptions/" + sub, StreamAckDeadlineSeconds: 30}); err != nil {
 		t.Fatal(err)
 	}
 	s := &eodStream{t: t, stream: stream, resps: make(chan *pb.StreamingPullResponse, 100), errc: make(chan error, 1)}
@@ -213,13 +226,13 @@ func TestParityExactlyOnceStreamAndErrors(t *testing.T) {
 		ctx := context.Background()
 		c := b.client
 		mustCreateTopic(t, c, "top")
-		mustCreateSub(t, c, &pb.Subscription{Name: subPath("eod"), Topic: topicPath("top"), EnableExactlyOnceDelivery: true,
+		mustCreateSub(t, c, &pb.Subscription{Name: b.sub("eod"), Topic: b.topic("top"), EnableExactlyOnceDelivery: true,
 			AckDeadlineSeconds: eodAckDeadline(b)})
 		pub := c.Publisher("top")
 		defer pub.Stop()
 		st := openEODStream(t, c, "eod")
 		ack := func(ackID string) error {
-			return c.SubscriptionAdminClient.Acknowledge(ctx, &pb.AcknowledgeRequest{Subscription: subPath("eod"), AckIds: []string{ackID}})
+			return c.SubscriptionAdminClient.Acknowledge(ctx, &pb.AcknowledgeRequest{Subscription: b.sub("eod"), AckIds: []string{ackID}})
 		}
 
 		publishGo(t, pub, "a", "")
@@ -241,32 +254,36 @@ func TestParityExactlyOnceStreamAndErrors(t *testing.T) {
 			if failed := eodFailures(t, ack(a)); failed[a] != "PERMANENT_FAILURE_INVALID_ACK_ID" || len(failed) != 1 {
 				t.Fatalf("second ack: metadata %v, want %s: PERMANENT_FAILURE_INVALID_ACK_ID", failed, a)
 			}
-			err := c.SubscriptionAdminClient.ModifyAckDeadline(ctx, &pb.ModifyAckDeadlineRequest{Subscription: subPath("eod"), AckIds: []string{a}, AckDeadlineSeconds: 10})
+			err := c.SubscriptionAdminClient.ModifyAckDeadline(ctx, &pb.ModifyAckDeadlineRequest{Subscription: b.sub("eod"), AckIds: []string{a}, AckDeadlineSeconds: 10})
 			if failed := eodFailures(t, err); failed[a] != "PERMANENT_FAILURE_INVALID_ACK_ID" {
 				t.Fatalf("deadline change after the ack: metadata %v", failed)
 			}
-			// On the stream: a fresh message acked there is confirmed;
-			// the ended lease's ack id is invalid, as is a deadline change
-			// of it.
-			publishGo(t, pub, "c", "")
-			cid := st.message("c").ReceivedMessages[0].AckId
-			if err := st.stream.Send(&pb.StreamingPullRequest{AckIds: []string{cid, a}, ModifyDeadlineAckIds: []string{a}, ModifyDeadlineSeconds: []int32{10}}); err != nil {
-				t.Fatal(err)
-			}
-			conf := st.next("acknowledge_confirmation", func(r *pb.StreamingPullResponse) bool { return r.AcknowledgeConfirmation != nil })
-			if got := conf.AcknowledgeConfirmation; len(got.AckIds) != 1 || got.AckIds[0] != cid || len(got.InvalidAckIds) != 1 || got.InvalidAckIds[0] != a {
-				t.Fatalf("acknowledge_confirmation %v, want ack_ids [%s] invalid_ack_ids [%s]", got, cid, a)
-			}
-			if got := conf.ModifyAckDeadlineConfirmation; len(got.GetInvalidAckIds()) != 1 || got.GetInvalidAckIds()[0] != a {
-				t.Fatalf("modify_ack_deadline_confirmation %v, want invalid_ack_ids [%s]", got, a)
-			}
-			if !conf.GetSubscriptionProperties().GetExactlyOnceDeliveryEnabled() {
-				t.Fatal("confirmation without subscription_properties.exactly_once_delivery_enabled")
+			// Google's emulator answers unary calls as the service, and
+			// sends no confirmations on streams.
+			if !b.emulator {
+				// On the stream: a fresh message acked there is confirmed;
+				// the ended lease's ack id is invalid, as is a deadline change
+				// of it.
+				publishGo(t, pub, "c", "")
+				cid := st.message("c").ReceivedMessages[0].AckId
+				if err := st.stream.Send(&pb.StreamingPullRequest{AckIds: []string{cid, a}, ModifyDeadlineAckIds: []string{a}, ModifyDeadlineSeconds: []int32{10}}); err != nil {
+					t.Fatal(err)
+				}
+				conf := st.next("acknowledge_confirmation", func(r *pb.StreamingPullResponse) bool { return r.AcknowledgeConfirmation != nil })
+				if got := conf.AcknowledgeConfirmation; len(got.AckIds) != 1 || got.AckIds[0] != cid || len(got.InvalidAckIds) != 1 || got.InvalidAckIds[0] != a {
+					t.Fatalf("acknowledge_confirmation %v, want ack_ids [%s] invalid_ack_ids [%s]", got, cid, a)
+				}
+				if got := conf.ModifyAckDeadlineConfirmation; len(got.GetInvalidAckIds()) != 1 || got.GetInvalidAckIds()[0] != a {
+					t.Fatalf("modify_ack_deadline_confirmation %v, want invalid_ack_ids [%s]", got, a)
+				}
+				if !conf.GetSubscriptionProperties().GetExactlyOnceDeliveryEnabled() {
+					t.Fatal("confirmation without subscription_properties.exactly_once_delivery_enabled")
+				}
 			}
 		}
 
 		if _, err := c.SubscriptionAdminClient.UpdateSubscription(ctx, &pb.UpdateSubscriptionRequest{
-			Subscription: &pb.Subscription{Name: subPath("eod")}, UpdateMask: fieldMask("enable_exactly_once_delivery")}); err != nil {
+			Subscription: &pb.Subscription{Name: b.sub("eod")}, UpdateMask: fieldMask("enable_exactly_once_delivery")}); err != nil {
 			t.Fatal(err)
 		}
 		publishGo(t, pub, "b", "")
@@ -289,7 +306,7 @@ func TestParityExactlyOnceAckWithResult(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		c := b.client
 		mustCreateTopic(t, c, "top")
-		mustCreateSub(t, c, &pb.Subscription{Name: subPath("eod"), Topic: topicPath("top"), EnableExactlyOnceDelivery: true,
+		mustCreateSub(t, c, &pb.Subscription{Name: b.sub("eod"), Topic: b.topic("top"), EnableExactlyOnceDelivery: true,
 			AckDeadlineSeconds: eodAckDeadline(b)})
 		pub := c.Publisher("top")
 		defer pub.Stop()
@@ -306,7 +323,7 @@ func TestParityExactlyOnceAckWithResult(t *testing.T) {
 		again := make(chan eodDelivery, n)
 		var mu sync.Mutex
 		seen := map[string]bool{}
-		receiveGo(t, eodSubscriber(c, "eod"), func(ctx context.Context, m *pubsub.Message) {
+		receiveGo(t, eodSubscriber(b, "eod"), func(ctx context.Context, m *pubsub.Message) {
 			mu.Lock()
 			dup := seen[m.ID]
 			seen[m.ID] = true
@@ -329,7 +346,7 @@ func TestParityExactlyOnceAckWithResult(t *testing.T) {
 				t.Fatal("not every message acked within 30s")
 			}
 		}
-		quietFor(t, again, eodLease+time.Second, "after a confirmed ack")
+		quietFor(t, b, again, "after a confirmed ack")
 	})
 }
 
@@ -340,12 +357,12 @@ func TestParityExactlyOnceExpiredAck(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		c := b.client
 		mustCreateTopic(t, c, "top")
-		mustCreateSub(t, c, &pb.Subscription{Name: subPath("eod"), Topic: topicPath("top"), EnableExactlyOnceDelivery: true,
+		mustCreateSub(t, c, &pb.Subscription{Name: b.sub("eod"), Topic: b.topic("top"), EnableExactlyOnceDelivery: true,
 			AckDeadlineSeconds: eodAckDeadline(b)})
 		pub := c.Publisher("top")
 		defer pub.Stop()
 		id := publishGo(t, pub, "m", "")
-		s := eodSubscriber(c, "eod")
+		s := eodSubscriber(b, "eod")
 		// The receipt's lease is the only one: the first extension would
 		// come after 5s, past MaxExtension.
 		s.ReceiveSettings.MaxExtension = time.Second
@@ -371,7 +388,7 @@ func TestParityExactlyOnceExpiredAck(t *testing.T) {
 		case st != pubsub.AcknowledgeStatusInvalidAckID:
 			t.Fatalf("ack of the expired delivery: status %v, want AcknowledgeStatusInvalidAckID", st)
 		}
-		quietFor(t, deliveries, eodLease+time.Second, "after the redelivery was acked")
+		quietFor(t, b, deliveries, "after the redelivery was acked")
 	})
 }
 
@@ -380,9 +397,16 @@ func TestParityExactlyOnceExpiredAck(t *testing.T) {
 // succeed.
 func TestParityExactlyOnceOrdering(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
+		if b.emulator {
+			// Its acks of valid ack ids fail: the first batch with
+			// INVALID_ARGUMENT and no message, the redeliveries' with
+			// PERMANENT_FAILURE_INVALID_ACK_ID, so that no key got past
+			// its first message within a minute (docs/SIDECAR.md).
+			t.Skip("Google's emulator fails the acks of exactly-once delivery with ordering")
+		}
 		c := b.client
 		mustCreateTopic(t, c, "top")
-		mustCreateSub(t, c, &pb.Subscription{Name: subPath("eod"), Topic: topicPath("top"), EnableExactlyOnceDelivery: true,
+		mustCreateSub(t, c, &pb.Subscription{Name: b.sub("eod"), Topic: b.topic("top"), EnableExactlyOnceDelivery: true,
 			EnableMessageOrdering: true, AckDeadlineSeconds: eodAckDeadline(b)})
 		chk := ordercheck.New()
 		var mu sync.Mutex
@@ -426,7 +450,8 @@ func TestParityExactlyOnceOrdering(t *testing.T) {
 				t.Fatalf("publish: %v", err)
 			}
 		}
-		testutil.Eventually(t, 60*time.Second, func() bool { return chk.Complete("eod") }, "not everything acked: %s", func() string { return chk.Missing("eod") })
+		testutil.Eventually(t, 60*time.Second, func() bool { return chk.Complete("eod") }, "not everything acked: %s; failed acks: %v",
+			func() string { return chk.Missing("eod") }, func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(failures) })
 		if !b.fake {
 			// An acked message delivered again would be a violation: the
 			// sidecar's JetStream would redeliver an ack it lost after

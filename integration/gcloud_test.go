@@ -1,25 +1,22 @@
 package integration
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 )
 
-// gcloud runs Google's CLI against the sidecar's REST API and returns
-// what it printed on stdout, then stderr, failing the test unless it fails
-// exactly when fail says.
+// gcloud runs gcloud pubsub args against sc (itest.Sidecar.Gcloud) and
+// returns what it printed on stdout, then stderr.
 func gcloud(t *testing.T, sc *itest.Sidecar, fail bool, args ...string) string {
 	t.Helper()
-	stdout, stderr := gcloudRun(t, sc, fail, args...)
+	stdout, stderr := sc.Gcloud(fail, args...)
 	return stdout + stderr
 }
 
@@ -27,29 +24,8 @@ func gcloud(t *testing.T, sc *itest.Sidecar, fail bool, args ...string) string {
 // stdout, trimmed.
 func gcloudValue(t *testing.T, sc *itest.Sidecar, args ...string) string {
 	t.Helper()
-	stdout, _ := gcloudRun(t, sc, false, args...)
+	stdout, _ := sc.Gcloud(false, args...)
 	return strings.TrimSpace(stdout)
-}
-
-func gcloudRun(t *testing.T, sc *itest.Sidecar, fail bool, args ...string) (stdout, stderr string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "gcloud", append([]string{"pubsub"}, args...)...)
-	cmd.Env = append(os.Environ(),
-		"CLOUDSDK_API_ENDPOINT_OVERRIDES_PUBSUB=http://"+sc.HTTP+"/",
-		"CLOUDSDK_AUTH_DISABLE_CREDENTIALS=true",
-		"CLOUDSDK_CORE_PROJECT="+itest.Project,
-		"CLOUDSDK_CONFIG="+t.TempDir(), // no user's configuration, none written
-		"CLOUDSDK_CORE_DISABLE_PROMPTS=1",
-	)
-	var out, errOut strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
-	if (err != nil) != fail {
-		t.Fatalf("gcloud pubsub %s: %v (want failure: %v)\n%s%s", strings.Join(args, " "), err, fail, out.String(), errOut.String())
-	}
-	return out.String(), errOut.String()
 }
 
 // gcloud's pubsub schemas commands through the sidecar's REST routes

@@ -16,7 +16,7 @@ func subPath(id string) string   { return itest.SubPath(id) }
 
 func mustCreateTopic(t *testing.T, c *pubsub.Client, id string) {
 	t.Helper()
-	if _, err := c.TopicAdminClient.CreateTopic(context.Background(), &pb.Topic{Name: topicPath(id)}); err != nil {
+	if _, err := c.TopicAdminClient.CreateTopic(context.Background(), &pb.Topic{Name: "projects/" + c.Project() + "/topics/" + id}); err != nil {
 		t.Fatalf("CreateTopic(%s): %v", id, err)
 	}
 }

@@ -399,6 +399,14 @@ func permissionTable(fx fixtures) map[protoreflect.FullName][]row {
 			rest: func(role string) restCall {
 				return restCall{"PUT", tblProject + "/snapshots/" + unique("new-snap", "r", role), js(map[string]string{"subscription": subPath(tblSub)})}
 			},
+		}, {
+			variant: "unnamed", // named by the sidecar in the subscription's project
+			perms:   []string{pSnapshotsCreate, pSubscriptionsConsume}, ok: ok,
+			grpc: func(ctx context.Context, c tableClients, _ string) error {
+				_, err := c.sub.CreateSnapshot(ctx, &pb.CreateSnapshotRequest{Subscription: subPath(tblSub)})
+				return err
+			},
+			noREST: "REST names the snapshot in its path",
 		}},
 		methodName(subscriber, "UpdateSnapshot"): {{
 			perms: []string{pSnapshotsUpdate}, ok: ok,

@@ -97,7 +97,11 @@ var rules = map[protoreflect.FullName]rule{
 	name[*pb.ListSnapshotsRequest]():      on(SnapshotsList, (*pb.ListSnapshotsRequest).GetProject),
 	name[*pb.CreateSnapshotRequest](): func(_ context.Context, _ *Guard, req proto.Message) []need {
 		r := req.(*pb.CreateSnapshotRequest)
-		return []need{{SnapshotsCreate, ProjectOf(r.GetName())}, {SubscriptionsConsume, r.GetSubscription()}}
+		project := ProjectOf(r.GetName())
+		if r.GetName() == "" { // the snapshot is named in the subscription's project
+			project = ProjectOf(r.GetSubscription())
+		}
+		return []need{{SnapshotsCreate, project}, {SubscriptionsConsume, r.GetSubscription()}}
 	},
 	name[*pb.UpdateSnapshotRequest](): on(SnapshotsUpdate, func(r *pb.UpdateSnapshotRequest) string { return r.GetSnapshot().GetName() }),
 	name[*pb.DeleteSnapshotRequest](): on(SnapshotsDelete, (*pb.DeleteSnapshotRequest).GetSnapshot),

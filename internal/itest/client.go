@@ -25,7 +25,13 @@ import (
 // the plaintext.
 func GoClient(t testing.TB, addr string, opts ...option.ClientOption) *pubsub.Client {
 	t.Helper()
-	c, err := pubsub.NewClient(context.Background(), Project, append(ClientOptions(addr), opts...)...)
+	return GoClientOf(t, addr, Project, opts...)
+}
+
+// GoClientOf is GoClient in project.
+func GoClientOf(t testing.TB, addr, project string, opts ...option.ClientOption) *pubsub.Client {
+	t.Helper()
+	c, err := pubsub.NewClient(context.Background(), project, append(ClientOptions(addr), opts...)...)
 	if err != nil {
 		t.Fatalf("pubsub.NewClient: %v", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/cloudevents"
 	"github.com/jetorder/jetorder/internal/broker"
 	"github.com/jetorder/jetorder/internal/metrics"
 	jstatus "github.com/jetorder/jetorder/internal/status"
@@ -778,7 +779,7 @@ func (d *dispatcher) drop(l *lease) bool {
 // messageProto is the Pub/Sub form of a delivered message. Headers written
 // by other NATS publishers and protocol bindings (CloudEvents' ce-*,
 // content-type) are added as attributes, plain as the Pub/Sub binding wants
-// them (adapter.Message.PubSubAttributes). A message another NATS
+// them, and an event without a sequence gets one (cloudevents.ToPubSub). A message another NATS
 // publisher stored without a Nats-Msg-Id has its stream sequence as its
 // id: Pub/Sub's ids are never empty, and are unique in their topic.
 func messageProto(m *adapter.Message) *pb.PubsubMessage {
@@ -786,7 +787,8 @@ func messageProto(m *adapter.Message) *pb.PubsubMessage {
 	if id == "" {
 		id = strconv.FormatUint(m.StreamSequence, 10)
 	}
-	out := &pb.PubsubMessage{Data: m.Data, Attributes: m.PubSubAttributes(), MessageId: id, OrderingKey: m.OrderingKey}
+	data, attrs := cloudevents.ToPubSub(m)
+	out := &pb.PubsubMessage{Data: data, Attributes: attrs, MessageId: id, OrderingKey: m.OrderingKey}
 	if !m.PublishTime.IsZero() {
 		out.PublishTime = timestamppb.New(m.PublishTime)
 	}

@@ -29,8 +29,9 @@ const (
 
 // CreateTopic creates a topic with its labels,
 // message_retention_duration (10 minutes to 31 days, as the service; without
-// it, messages are kept until the topic is deleted) and schema_settings
-// (checked by schemaapi.Server.CheckSettings; Publish validates against them).
+// it, messages are kept until the topic is deleted), schema_settings
+// (checked by schemaapi.Server.CheckSettings; Publish validates against them)
+// and message_storage_policy (kept and returned: storagepolicy.go).
 func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error) {
 	project, id, err := parseTopic(t.GetName())
 	if err != nil {
@@ -48,6 +49,10 @@ func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error
 	if t.GetIngestionDataSourceSettings() != nil || len(t.GetMessageTransforms()) > 0 {
 		return nil, invalid("topic %s: ingestion and message transforms are not supported", t.GetName())
 	}
+	sp, err := checkStoragePolicy(t.GetName(), t.GetMessageStoragePolicy())
+	if err != nil {
+		return nil, err
+	}
 	c, err := s.client(project)
 	if err != nil {
 		return nil, err
@@ -57,6 +62,9 @@ func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error
 		return nil, err
 	}
 	if cfg.ServiceSettings, err = withTopicSchema("", ts); err != nil {
+		return nil, err
+	}
+	if cfg.ServiceSettings, err = withStoragePolicy(cfg.ServiceSettings, sp); err != nil {
 		return nil, err
 	}
 	created, err := c.CreateTopicWithConfig(ctx, id, cfg)
@@ -94,12 +102,16 @@ func (s *Server) topicProto(ctx context.Context, t *adapter.Topic, cfg adapter.T
 	if out.SchemaSettings, err = s.cfg.Schemas.SettingsOf(ctx, ts); err != nil {
 		return nil, err
 	}
+	if out.MessageStoragePolicy, err = storagePolicyProto(t.String(), cfg.ServiceSettings); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
 // UpdateTopic changes a topic's labels, message_retention_duration
 // (removed by an empty one: messages are then kept until the topic is
-// deleted) and schema_settings: the whole (removed by an empty one) or
+// deleted), message_storage_policy (removed by none) and
+// schema_settings: the whole (removed by an empty one) or
 // its fields schema_settings.schema, .encoding, .first_revision_id and
 // .last_revision_id, as the service and its samples do; the result is
 // checked as CreateTopic checks it. Other fields cannot be changed. A
@@ -116,6 +128,7 @@ func (s *Server) UpdateTopic(ctx context.Context, req *pb.UpdateTopicRequest) (*
 	}
 	var u adapter.TopicUpdate
 	var schemaPaths []string
+	var storage **storagePolicy // set: the mask names message_storage_policy
 	for _, p := range paths {
 		switch p {
 		case "schema_settings", "schema_settings.schema", "schema_settings.encoding",
@@ -139,14 +152,20 @@ func (s *Server) UpdateTopic(ctx context.Context, req *pb.UpdateTopicRequest) (*
 			u.RetentionDuration = &d
 		case "name":
 			return nil, invalid("update %s: a topic's name cannot be changed", name)
-		case "message_storage_policy", "kms_key_name", "ingestion_data_source_settings", "message_transforms", "satisfies_pzs", "state":
+		case "message_storage_policy":
+			sp, err := checkStoragePolicy(name, req.GetTopic().GetMessageStoragePolicy())
+			if err != nil {
+				return nil, err
+			}
+			storage = &sp
+		case "kms_key_name", "ingestion_data_source_settings", "message_transforms", "satisfies_pzs", "state":
 			return nil, invalid("update %s: %s is not supported by this server", name, p)
 		default:
 			return nil, invalid("update %s: unknown field name %q in update_mask", name, p)
 		}
 	}
-	if len(schemaPaths) > 0 {
-		settings, err := s.updatedTopicSchema(ctx, t, req.GetTopic().GetSchemaSettings(), schemaPaths)
+	if len(schemaPaths) > 0 || storage != nil {
+		settings, err := s.updatedTopicSettings(ctx, t, req.GetTopic().GetSchemaSettings(), schemaPaths, storage)
 		if err != nil {
 			return nil, err
 		}
@@ -165,14 +184,25 @@ func (s *Server) UpdateTopic(ctx context.Context, req *pb.UpdateTopicRequest) (*
 	return s.topicProto(ctx, t, cfg)
 }
 
-// updatedTopicSchema returns the service settings of topic t with the
-// schema settings paths of in applied, checked. Fields are applied to the
-// settings as GetTopic shows them, so that changing one field of the
-// settings of a deleted schema names "_deleted-schema_", which is refused.
-func (s *Server) updatedTopicSchema(ctx context.Context, t *adapter.Topic, in *pb.SchemaSettings, paths []string) (string, error) {
+// updatedTopicSettings returns the service settings of topic t with the
+// schema settings paths of in applied, checked, and the storage policy
+// replaced by *storage when storage is not nil. Schema fields are applied
+// to the settings as GetTopic shows them, so that changing one field of
+// the settings of a deleted schema names "_deleted-schema_", which is
+// refused.
+func (s *Server) updatedTopicSettings(ctx context.Context, t *adapter.Topic, in *pb.SchemaSettings, paths []string, storage **storagePolicy) (string, error) {
 	cfg, err := t.Config(ctx)
 	if err != nil {
 		return "", toStatus(err)
+	}
+	settings := cfg.ServiceSettings
+	if storage != nil {
+		if settings, err = withStoragePolicy(settings, *storage); err != nil {
+			return "", err
+		}
+	}
+	if len(paths) == 0 {
+		return settings, nil
 	}
 	cur, err := topicSchemaOf(t.String(), cfg.ServiceSettings)
 	if err != nil {
@@ -208,7 +238,7 @@ func (s *Server) updatedTopicSchema(ctx context.Context, t *adapter.Topic, in *p
 	if err != nil {
 		return "", err
 	}
-	return withTopicSchema(cfg.ServiceSettings, ts)
+	return withTopicSchema(settings, ts)
 }
 
 // GetTopic returns a topic's configuration.
@@ -389,47 +419,49 @@ func stampSchema(m *adapter.Message, ts *schemaapi.TopicSchema, rev string) {
 // A topic's service settings (adapter.TopicConfig.ServiceSettings) are a
 // JSON object, one member per kind of setting the sidecar keeps and the
 // library does not act on, so that others can join later:
-// "schemaSettings" holds a schemaapi.TopicSchema. Members this version
-// does not know are kept as they are when it rewrites the object.
-const topicSchemaMember = "schemaSettings"
+// "schemaSettings" holds a schemaapi.TopicSchema, "messageStoragePolicy"
+// a storagePolicy. Members this version does not know are kept as they
+// are when it rewrites the object.
+const (
+	topicSchemaMember        = "schemaSettings"
+	topicStoragePolicyMember = "messageStoragePolicy"
+)
 
-// topicSchemaOf reads the schema settings of topic name from its service
-// settings; nil means none.
-func topicSchemaOf(name, settings string) (*schemaapi.TopicSchema, error) {
+// topicMember reads member of topic name's service settings into v;
+// false when there is none.
+func topicMember(name, settings, member string, v any) (bool, error) {
 	if settings == "" {
-		return nil, nil
+		return false, nil
 	}
 	var members map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(settings), &members); err != nil {
-		return nil, status.Errorf(codes.Internal, "topic %s: unreadable settings: %v", name, err)
+		return false, status.Errorf(codes.Internal, "topic %s: unreadable settings: %v", name, err)
 	}
-	raw, ok := members[topicSchemaMember]
+	raw, ok := members[member]
 	if !ok || string(raw) == "null" {
-		return nil, nil
+		return false, nil
 	}
-	var ts schemaapi.TopicSchema
-	if err := json.Unmarshal(raw, &ts); err != nil {
-		return nil, status.Errorf(codes.Internal, "topic %s: unreadable schema settings: %v", name, err)
+	if err := json.Unmarshal(raw, v); err != nil {
+		return false, status.Errorf(codes.Internal, "topic %s: unreadable %s: %v", name, member, err)
 	}
-	return &ts, nil
+	return true, nil
 }
 
-// withTopicSchema returns the service settings settings with their schema
-// settings replaced by ts (nil: removed), other members kept. Settings
-// that are not a JSON object are replaced whole: nothing but this code
-// writes them.
-func withTopicSchema(settings string, ts *schemaapi.TopicSchema) (string, error) {
+// withTopicMember returns the service settings settings with member
+// replaced by v (remove: removed), other members kept. Settings that are
+// not a JSON object are replaced whole: nothing but this code writes them.
+func withTopicMember(settings, member string, v any, remove bool) (string, error) {
 	members := map[string]json.RawMessage{}
 	if settings != "" && json.Unmarshal([]byte(settings), &members) != nil {
 		members = map[string]json.RawMessage{}
 	}
-	delete(members, topicSchemaMember)
-	if ts != nil {
-		raw, err := json.Marshal(ts)
+	delete(members, member)
+	if !remove {
+		raw, err := json.Marshal(v)
 		if err != nil {
-			return "", status.Errorf(codes.Internal, "encode schema settings: %v", err)
+			return "", status.Errorf(codes.Internal, "encode %s: %v", member, err)
 		}
-		members[topicSchemaMember] = raw
+		members[member] = raw
 	}
 	if len(members) == 0 {
 		return "", nil
@@ -439,6 +471,22 @@ func withTopicSchema(settings string, ts *schemaapi.TopicSchema) (string, error)
 		return "", status.Errorf(codes.Internal, "encode topic settings: %v", err)
 	}
 	return string(out), nil
+}
+
+// topicSchemaOf reads the schema settings of topic name from its service
+// settings; nil means none.
+func topicSchemaOf(name, settings string) (*schemaapi.TopicSchema, error) {
+	var ts schemaapi.TopicSchema
+	if ok, err := topicMember(name, settings, topicSchemaMember, &ts); !ok || err != nil {
+		return nil, err
+	}
+	return &ts, nil
+}
+
+// withTopicSchema returns the service settings settings with their schema
+// settings replaced by ts (nil: removed), other members kept.
+func withTopicSchema(settings string, ts *schemaapi.TopicSchema) (string, error) {
+	return withTopicMember(settings, topicSchemaMember, ts, ts == nil)
 }
 
 // publishSchema returns the schema settings of the topic a Publish names,

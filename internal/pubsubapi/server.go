@@ -88,6 +88,13 @@ type Config struct {
 	// policy (status.NATS).
 	Sync     string
 	SyncRisk bool
+	// ExpirationCheck is how often the server looks for subscriptions
+	// whose expiration policy has run out (expiration.go). Default
+	// DefaultExpirationCheck.
+	ExpirationCheck time.Duration
+	// Now is the clock of subscription expiration; default time.Now.
+	// Tests move it on to expire subscriptions without waiting a day.
+	Now func() time.Time
 }
 
 // Server implements pb.PublisherServer and pb.SubscriberServer.
@@ -111,6 +118,7 @@ type Server struct {
 	partitions receiveGauges // of every subscription's Receive
 	snapshots  snapshotStore
 	pusher     *pushRunner // nil: push subscriptions are disabled
+	activity   *activity   // nil without a connection: nothing expires
 
 	// For the status page and the metrics (status.go).
 	started  time.Time
@@ -147,6 +155,12 @@ func New(b *broker.Broker, cfg Config) *Server {
 	if cfg.Schemas == nil {
 		cfg.Schemas = schemaapi.New(b.Conn(), 1, cfg.Logger)
 	}
+	if cfg.ExpirationCheck <= 0 {
+		cfg.ExpirationCheck = DefaultExpirationCheck
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	s := &Server{b: b, cfg: cfg, log: cfg.Logger, epoch: newEpoch(), started: time.Now(), dispatchers: make(map[string]*dispatcher)}
 	s.partitions.deadLettered = func(sub string) {
 		b.Metrics.Subscription(sub).DeadLettered.Inc()
@@ -171,6 +185,10 @@ func New(b *broker.Broker, cfg Config) *Server {
 		_, _ = rand.Read(s.ackKey)
 	}
 	s.snapshots = newSnapshotStore(js, cfg.Replicas)
+	if js != nil {
+		s.activity = newActivity(s, js, cfg.Replicas, cfg.Now)
+		s.activity.start(cfg.ExpirationCheck)
+	}
 	if js != nil && cfg.PushAllow != nil {
 		if r, err := newPushRunner(s, js, cfg.PushAllow, cfg.PushMaxOutstanding); err != nil {
 			s.log.Error("push subscriptions disabled", "err", err)
@@ -194,6 +212,9 @@ func (s *Server) Register(g *grpc.Server) {
 func (s *Server) Close() {
 	ds := s.shut()
 	s.observer.close()
+	if s.activity != nil {
+		s.activity.close()
+	}
 	if s.pusher != nil {
 		s.pusher.close() // requests in flight are abandoned: their messages go back
 	}

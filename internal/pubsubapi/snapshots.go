@@ -10,9 +10,11 @@ import (
 	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -119,8 +121,19 @@ func snapshotProto(name string, rec *snapshotRecord) *pb.Snapshot {
 	return &pb.Snapshot{Name: name, Topic: rec.Topic, ExpireTime: timestamppb.New(rec.Expire), Labels: rec.Labels}
 }
 
-// CreateSnapshot takes a snapshot of a subscription's acked state.
+// CreateSnapshot takes a snapshot of a subscription's acked state. Without
+// a name it is given one, in the subscription's project, as the service
+// does ("the server will assign a random name"; Google's v1 Go client
+// relies on it).
 func (s *Server) CreateSnapshot(ctx context.Context, req *pb.CreateSnapshotRequest) (*pb.Snapshot, error) {
+	if req.GetName() == "" {
+		subProject, _, err := parseSubscription(req.GetSubscription())
+		if err != nil {
+			return nil, err
+		}
+		req = proto.CloneOf(req)
+		req.Name = "projects/" + subProject + "/snapshots/snapshot-" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	}
 	project, id, err := parseSnapshot(req.GetName())
 	if err != nil {
 		return nil, err
@@ -331,6 +344,7 @@ func (s *Server) Seek(ctx context.Context, req *pb.SeekRequest) (*pb.SeekRespons
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	s.activity.touch(ctx, req.GetSubscription())
 	return &pb.SeekResponse{}, nil
 }
 

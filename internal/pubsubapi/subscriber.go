@@ -91,6 +91,10 @@ func (s *Server) CreateSubscription(ctx context.Context, sub *pb.Subscription) (
 	if settings.Push != nil {
 		s.pusher.poke(sub.GetName())
 	}
+	if err := s.activity.record(ctx, sub.GetName(), s.cfg.Now()); err != nil {
+		// It expires once active and idle for its ttl.
+		s.log.Warn("subscription activity not recorded", "subscription", sub.GetName(), "err", err)
+	}
 	return s.subscriptionProto(ctx, created)
 }
 
@@ -278,6 +282,7 @@ func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscript
 	if s.pusher != nil {
 		s.pusher.poke(name)
 	}
+	s.activity.touch(ctx, name)
 	return s.subscriptionProto(ctx, sub)
 }
 
@@ -331,6 +336,7 @@ func (s *Server) DeleteSubscription(ctx context.Context, req *pb.DeleteSubscript
 		return nil, toStatus(err)
 	}
 	s.unindexPush(ctx, req.GetSubscription(), 0)
+	s.activity.forget(ctx, req.GetSubscription())
 	return &emptypb.Empty{}, nil
 }
 

@@ -772,8 +772,10 @@ func (s *Server) RollbackSchema(ctx context.Context, req *pb.RollbackSchemaReque
 	return revisionProto(ref.name(), added, pb.SchemaView_FULL), nil
 }
 
-// DeleteSchemaRevision deletes name@revision and returns the schema as it
-// is then (its newest revision). The only revision cannot be deleted.
+// DeleteSchemaRevision deletes name@revision and returns the revision
+// deleted, as Google's emulator does (the service does not say which it
+// returns). The only revision cannot be deleted: INVALID_ARGUMENT, as the
+// emulator answers.
 func (s *Server) DeleteSchemaRevision(ctx context.Context, req *pb.DeleteSchemaRevisionRequest) (*pb.Schema, error) {
 	ctx, cancel := withSchemaTimeout(ctx)
 	defer cancel()
@@ -787,14 +789,16 @@ func (s *Server) DeleteSchemaRevision(ctx context.Context, req *pb.DeleteSchemaR
 	if err != nil {
 		return nil, err
 	}
-	rec, err := s.update(ctx, ref, func(rec *schemaRecord) error {
+	var deleted revisionRecord
+	_, err = s.update(ctx, ref, func(rec *schemaRecord) error {
 		i := slices.IndexFunc(rec.Revisions, func(r revisionRecord) bool { return r.ID == ref.rev })
 		if i < 0 {
 			return status.Errorf(codes.NotFound, "revision %s of schema %s not found", ref.rev, ref.name())
 		}
 		if len(rec.Revisions) == 1 {
-			return status.Errorf(codes.FailedPrecondition, "revision %s is the only one of schema %s: delete the schema instead", ref.rev, ref.name())
+			return status.Errorf(codes.InvalidArgument, "revision %s is the last one of schema %s: cannot delete the last revision, delete the schema instead", ref.rev, ref.name())
 		}
+		deleted = rec.Revisions[i]
 		rec.Deleted = append(rec.Deleted, tombstone{ID: ref.rev, Seq: rec.Revisions[i].Seq})
 		if len(rec.Deleted) > maxTombstones {
 			rec.Deleted = rec.Deleted[len(rec.Deleted)-maxTombstones:]
@@ -806,7 +810,7 @@ func (s *Server) DeleteSchemaRevision(ctx context.Context, req *pb.DeleteSchemaR
 		return nil, err
 	}
 	s.forget(ref.name(), ref.rev)
-	return revisionProto(ref.name(), rec.latest(), pb.SchemaView_FULL), nil
+	return revisionProto(ref.name(), deleted, pb.SchemaView_FULL), nil
 }
 
 // DeleteSchema deletes a schema with every revision. Topics that name it

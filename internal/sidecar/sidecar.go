@@ -111,6 +111,14 @@ type Config struct {
 	// before the rest are handed back; the last quarter is for handing
 	// back, flushing publishes and closing NATS. Default 5s.
 	ShutdownTimeout time.Duration
+
+	// ExpirationCheck and ExpirationClock are for tests, with no flag:
+	// how often the sidecar looks for subscriptions idle past their
+	// expiration policy's ttl (default pubsubapi.DefaultExpirationCheck),
+	// and the clock it measures idleness by (default time.Now), which a
+	// test moves on by a day instead of waiting one.
+	ExpirationCheck time.Duration
+	ExpirationClock func() time.Time
 }
 
 // Listening is where a started sidecar serves.
@@ -289,6 +297,8 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		EmbeddedNATS:           s.srv != nil,
 		Sync:                   syncDesc,
 		SyncRisk:               syncRisk,
+		ExpirationCheck:        cfg.ExpirationCheck,
+		Now:                    cfg.ExpirationClock,
 	})
 	// The gauges of /metrics come from the status, as the status page's
 	// figures do.
