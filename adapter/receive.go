@@ -529,6 +529,49 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	if err != nil {
 		return // not a JetStream delivery (nothing else is sent here)
 	}
+	if meta.NumDelivered > 1 && strings.HasPrefix(meta.Consumer, keyrouter.KeyConsumerPrefix(r.rec.Project, r.rec.nameID())) {
+		// A key consumer's redelivery: it may be one whose ack the
+		// server lost after it went on to the key's later messages.
+		// Asked off the delivery goroutine, which every key shares.
+		r.loops.Add(1)
+		go func() {
+			defer r.loops.Done()
+			if !r.ackLost(m, meta) {
+				r.arrive(m, meta)
+			}
+		}()
+		return
+	}
+	r.arrive(m, meta)
+}
+
+// ackLost reports whether m, a redelivery of a key consumer's message, is
+// one the consumer had delivered later messages after: with MaxAckPending
+// 1 it delivers a key's next message only once this one is acked, so the
+// server had its ack and lost it (a consumer leader that failed before it
+// passed the ack on). Pub/Sub would deliver every later message of the key
+// again too; JetStream redelivers only this one, and a handler given it
+// would see the key go back one message and then skip ahead. It is acked
+// again unseen instead (the caller does not deliver it), as the
+// partitioned receiver does (gates.done). When the consumer cannot be
+// asked, it is delivered.
+func (r *receiver) ackLost(m *nats.Msg, meta *nats.MsgMetadata) bool {
+	ctx, cancel := context.WithTimeout(r.c.closing, min(r.c.cfg.apiTimeout, 2*time.Second))
+	defer cancel()
+	info, err := r.c.js.Consumer(ctx, r.rec.stream(), meta.Consumer)
+	if err != nil || info.CachedInfo().Delivered.Stream <= meta.Sequence.Stream {
+		return false
+	}
+	r.c.cfg.logger.Debug("key consumer redelivered a message it had delivered past (the server lost its ack): acked again", "subscription", r.sub.id,
+		"consumer", meta.Consumer, "seq", meta.Sequence.Stream)
+	// Not delivered even if the ack fails: it then comes again, and is
+	// asked about again.
+	_, _ = r.c.nc.RequestWithContext(ctx, m.Reply, ackPayload[ackAck])
+	return true
+}
+
+// arrive takes a pushed message in: held, and handed to a handler.
+func (r *receiver) arrive(m *nats.Msg, meta *nats.MsgMetadata) {
 	d := r.newDelivery(r, arrival{subject: m.Subject, reply: m.Reply, header: m.Header, data: m.Data,
 		consumer: meta.Consumer, seq: meta.Sequence.Stream, attempt: meta.NumDelivered, published: meta.Timestamp})
 	r.mu.Lock()
