@@ -598,18 +598,28 @@ func (s *Subscription) Exists(ctx context.Context) (bool, error) {
 	return err == nil, err
 }
 
-// Config returns the subscription's configuration.
+// Config returns the subscription's configuration. It reads it in short
+// attempts (retryAPI), for at most the client's API timeout: a request
+// the cluster leaves unanswered (its leader killed while it was on its
+// way) is asked again instead of waited for until ctx ends, which may be
+// far off. (A Pub/Sub client's Acknowledge reaching a sidecar that does
+// not receive the subscription reads its configuration with the call's
+// deadline, a minute; Google's Go client sends no other ack meanwhile.)
 func (s *Subscription) Config(ctx context.Context) (SubscriptionConfig, error) {
-	ctx, cancel := s.c.withTimeout(ctx)
-	defer cancel()
-	rec, err := s.load(ctx)
-	if err != nil {
-		return SubscriptionConfig{}, err
-	}
+	var rec *subRecord
 	topicDeleted := false
-	if err := s.c.checkTopic(ctx, rec); errors.Is(err, ErrTopicDeleted) {
-		topicDeleted = true
-	} else if err != nil && !errors.Is(err, ErrInvalidConfig) {
+	err := s.c.retryAPI(ctx, func(ctx context.Context) (err error) {
+		if rec, err = s.load(ctx); err != nil {
+			return err
+		}
+		err = s.c.checkTopic(ctx, rec)
+		topicDeleted = errors.Is(err, ErrTopicDeleted)
+		if topicDeleted || errors.Is(err, ErrInvalidConfig) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
 		return SubscriptionConfig{}, err
 	}
 	return SubscriptionConfig{

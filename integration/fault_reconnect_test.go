@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/faultproxy"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
@@ -134,5 +135,53 @@ func TestNewClientRefusesReconnectBuffer(t *testing.T) {
 		if _, err := adapter.NewClient(nc, project); err != nil {
 			t.Errorf("NewClient over a connection with %s: %v", name, err)
 		}
+	}
+}
+
+// A subscription's configuration read whose reply the connection loses is
+// asked again, not waited for until the caller's deadline. A sidecar that
+// does not receive a subscription reads its configuration for a client's
+// Acknowledge with the call's deadline (Google's Go client gives it a
+// minute, and sends no other ack until it returns): after a fault, a
+// request the cluster left unanswered held one client's acks for up to
+// that minute, and every key whose messages that client held waited.
+func TestFaultConfigReadAskedAgain(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("cfg")
+	e.createSub("cfg-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true})
+	proxy, err := faultproxy.Start(e.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	client, err := adapter.NewClient(testutil.Connect(t, proxy.URL()), project, testLogger()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := client.Subscription("cfg-sub")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := sub.Config(ctx); err != nil { // the buckets open: what is lost next is the read itself
+		t.Fatal(err)
+	}
+	proxy.HoldReplies()
+	done := make(chan error, 1)
+	began := time.Now()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := sub.Config(ctx)
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the request is at the server, its reply held
+	proxy.Cut()                        // and lost with the connection
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Config after the lost reply: %v", err)
+		}
+		t.Logf("Config answered %v after it began, the reply of its first request lost", time.Since(began).Round(time.Millisecond))
+	case <-time.After(15 * time.Second):
+		t.Fatal("Config still waits 15s after its request's reply was lost: it waits for the caller's deadline instead of asking again")
 	}
 }

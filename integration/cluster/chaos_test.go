@@ -389,6 +389,9 @@ type clusterChaosRun struct {
 	perSidecar [3]atomic.Int64
 	stop       []func()
 	rng        *rand.Rand
+	// the logs of processes the faults killed, by name (keepLog)
+	logsMu   sync.Mutex
+	pastLogs map[string]string
 }
 
 const chaosKeys = 40
@@ -593,7 +596,7 @@ func (r *clusterChaosRun) faults() []clusterFault {
 			r.logf("SIGKILL node c%d (stream leader c%s)", i, r.probe.streamLeader()[1:])
 			cl.nodes[i].Kill()
 			time.Sleep(3 * time.Second) // down for a while, as a host that reboots
-			return func() { cl.start(i) }
+			return func() { r.keepLog("node-c"+strconv.Itoa(i), cl.nodes[i].Log()); cl.start(i) }
 		}},
 		{"node paused past the ack deadline", func() func() {
 			i := node()
@@ -620,14 +623,19 @@ func (r *clusterChaosRun) faults() []clusterFault {
 			i := r.rng.IntN(3)
 			r.logf("SIGKILL sidecar-%d", i)
 			r.scs[i].Kill()
-			return func() { r.scs[i] = r.scs[i].Restart() }
+			return func() { r.keepLog("sidecar-"+strconv.Itoa(i), r.scs[i].Log()); r.scs[i] = r.scs[i].Restart() }
 		}},
 		{"node and sidecar killed at once", func() func() {
 			i, j := node(), r.rng.IntN(3)
 			r.logf("SIGKILL node c%d (stream leader c%s) and sidecar-%d", i, r.probe.streamLeader()[1:], j)
 			cl.nodes[i].Kill()
 			r.scs[j].Kill()
-			return func() { cl.start(i); r.scs[j] = r.scs[j].Restart() }
+			return func() {
+				r.keepLog("node-c"+strconv.Itoa(i), cl.nodes[i].Log())
+				cl.start(i)
+				r.keepLog("sidecar-"+strconv.Itoa(j), r.scs[j].Log())
+				r.scs[j] = r.scs[j].Restart()
+			}
 		}},
 	}
 }
@@ -746,13 +754,28 @@ func (r *clusterChaosRun) logf(format string, args ...any) {
 	r.t.Logf("%s "+format, append([]any{time.Now().UTC().Format("15:04:05.000")}, args...)...)
 }
 
+// keepLog keeps the log of a process that a fault killed, to be written
+// before its successor's.
+func (r *clusterChaosRun) keepLog(name, log string) {
+	r.logsMu.Lock()
+	defer r.logsMu.Unlock()
+	if r.pastLogs == nil {
+		r.pastLogs = map[string]string{}
+	}
+	r.pastLogs[name] += log + "----- killed; its successor's log follows -----\n"
+}
+
 func (r *clusterChaosRun) writeLogs(dir string) {
 	_ = os.MkdirAll(dir, 0o755)
+	r.logsMu.Lock()
+	defer r.logsMu.Unlock()
 	for i, sc := range r.scs {
-		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("sidecar-%d.log", i)), []byte(sc.Log()), 0o644)
+		name := "sidecar-" + strconv.Itoa(i)
+		_ = os.WriteFile(filepath.Join(dir, name+".log"), []byte(r.pastLogs[name]+sc.Log()), 0o644)
 	}
 	for i, n := range r.cl.nodes {
-		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("node-c%d.log", i)), []byte(n.Log()), 0o644)
+		name := "node-c" + strconv.Itoa(i)
+		_ = os.WriteFile(filepath.Join(dir, name+".log"), []byte(r.pastLogs[name]+n.Log()), 0o644)
 	}
 }
 
