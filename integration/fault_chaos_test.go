@@ -249,19 +249,26 @@ func chaosKills(t *testing.T, pipelined bool) {
 	// and is not the sidecar's to shorten. Per-key delivery's take-over
 	// waits for the lease's sweep, which under CI load has reached 8.5 s
 	// once, so it is only reported. (The figures, not this bound, are
-	// what docs/RELIABILITY.md reports.)
+	// what docs/RELIABILITY.md reports.) The bound stays under the ack
+	// deadline; it was 8 s until CI ran the integration packages side by
+	// side, where a NATS kill's share reached 8.8 s.
 	for i, r := range out {
 		share := r.stall
 		if r.back > 0 {
 			share = r.after
 		}
-		if (itest.Delivery != adapter.DeliveryPerKey || pipelined) && share > 8*time.Second {
+		if (itest.Delivery != adapter.DeliveryPerKey || pipelined) && share > chaosShareBound {
 			t.Errorf("kill %d (%s): delivery stalled %v, the sidecar's share %v", i+1, r.what, r.stall, share)
 		}
 	}
 	b.Stop()
 	a.Stop()
 }
+
+// chaosShareBound bounds the sidecar's share of a kill's stall: under the
+// subscription's 10 s ack deadline, so a take-over that waited for it
+// fails.
+const chaosShareBound = 9500 * time.Millisecond
 
 // chaosKill is what one kill cost.
 type chaosKill struct {
