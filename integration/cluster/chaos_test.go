@@ -170,6 +170,17 @@ func (f *chaosFlow) acked(k, i, sidecar int) {
 // publish began after t: publishing and delivery both work again.
 func (f *chaosFlow) flowingSince(t time.Time) bool { return f.stuck(t) == "" }
 
+// flowedSince reports whether one of a key's messages whose publish began
+// after t is acked (f.mu held).
+func flowedSince(msgs []msgTimes, t time.Time) bool {
+	for i := len(msgs) - 1; i >= 0 && msgs[i].began.After(t); i-- {
+		if !msgs[i].acked.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
 // progressing reports whether every key had a message acked for the
 // first time within the last d.
 func (f *chaosFlow) progressing(d time.Duration) bool {
@@ -190,11 +201,7 @@ func (f *chaosFlow) stuck(t time.Time) string {
 	defer f.mu.Unlock()
 	var out []string
 	for k, msgs := range f.keys {
-		ok := false
-		for i := len(msgs) - 1; i >= 0 && !ok && msgs[i].began.After(t); i-- {
-			ok = !msgs[i].acked.IsZero()
-		}
-		if !ok {
+		if !flowedSince(msgs, t) {
 			last, stored := -1, -1
 			for i, m := range msgs {
 				if !m.acked.IsZero() {
@@ -220,11 +227,7 @@ func (f *chaosFlow) firstStuck(t time.Time) (int, int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for k, msgs := range f.keys {
-		ok := false
-		for i := len(msgs) - 1; i >= 0 && !ok && msgs[i].began.After(t); i-- {
-			ok = !msgs[i].acked.IsZero()
-		}
-		if !ok {
+		if !flowedSince(msgs, t) {
 			for i, m := range msgs {
 				if m.acked.IsZero() {
 					return k, i

@@ -578,7 +578,7 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 		nats.ReconnectBufSize(-1), // the adapter requires it: see adapter.NewClient
 		// A server that stops answering (paused, or its host hung) is left
 		// for another after about 15 s, not nats.go's 4 minutes.
-		nats.PingInterval(5*time.Second),
+		nats.PingInterval(5 * time.Second),
 		nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil { // nil: our own close at shutdown
