@@ -114,6 +114,10 @@ func TestDIDCommGapDetectionOnSubscription(t *testing.T) {
 
 	publishData(t, topic, bid(t, "a-1", "did:ex:bob", 1, 0), "did:ex:bob")
 	publishData(t, topic, bid(t, "a-1", "did:ex:bob", 2, 0), "did:ex:bob")
+	// Keys flow concurrently and received_orders lists senders in the order
+	// the thread first saw them: Bob's bids are handed over before Alice's
+	// are published, as in the specification's example.
+	testutil.Eventually(t, 10*time.Second, func() bool { return log.count() == 2 }, "handed over %v, want 2", log.snapshot)
 	publishData(t, topic, bid(t, "a-1", "did:ex:alice", 1, 0), "did:ex:alice")
 	publishData(t, topic, bid(t, "a-1", "did:ex:alice", 4, 0), "did:ex:alice")
 	testutil.Eventually(t, 10*time.Second, func() bool { return log.count() == 4 }, "handed over %v, want 4", log.snapshot)
