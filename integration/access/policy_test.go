@@ -22,8 +22,9 @@ import (
 )
 
 // Resource-level policies: SetIamPolicy grants a role on one topic, with
-// Google's etag semantics; the grant holds on another sidecar of the same
-// JetStream, and goes with the topic when it is deleted.
+// Google's etag semantics, to a user or to a domain's users; the grant
+// holds on another sidecar of the same JetStream, and goes with the topic
+// when it is deleted.
 func TestResourcePolicy(t *testing.T) {
 	a := itest.NewAccess(t)
 	var logs testutil.LogBuffer
@@ -83,6 +84,26 @@ func TestResourcePolicy(t *testing.T) {
 	wantCode(t, "a viewer's SetIamPolicy on a topic that does not exist", err, codes.PermissionDenied)
 	if !strings.Contains(logs.String(), "policy changed") || !strings.Contains(logs.String(), "roles/pubsub.publisher="+itest.AccessPrincipal("none")) {
 		t.Errorf("no audit line for the policy change:\n%s", logs.String())
+	}
+
+	// A domain member grants to the users of that domain (whatever its
+	// case), and only to them.
+	setOther := func(member string) {
+		t.Helper()
+		cur, err := adminIAM.GetIamPolicy(ctx, &iampb.GetIamPolicyRequest{Resource: topicPath("other")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := adminIAM.SetIamPolicy(ctx, &iampb.SetIamPolicyRequest{Resource: topicPath("other"), Policy: &iampb.Policy{
+			Etag: cur.GetEtag(), Bindings: []*iampb.Binding{{Role: "roles/pubsub.publisher", Members: []string{member}}}}}); err != nil {
+			t.Fatalf("SetIamPolicy with %s: %v", member, err)
+		}
+	}
+	setOther("domain:example.org")
+	wantCode(t, "publish with a grant to another domain", publish(nonePub, "other"), codes.PermissionDenied)
+	setOther("domain:EXAMPLE.com") // the principal is user:none@example.com
+	if err := publish(nonePub, "other"); err != nil {
+		t.Errorf("publish with a grant to the caller's domain: %v", err)
 	}
 
 	// Another sidecar on the same JetStream holds the grant.

@@ -105,6 +105,70 @@ func TestParseProjectPolicy(t *testing.T) {
 	}
 }
 
+// A domain:DOMAIN member grants to every user and service account whose
+// address is in DOMAIN, whatever its case, and to no one in another
+// domain, a subdomain, or without an address.
+func TestDomainMembers(t *testing.T) {
+	p, err := ParseProjectPolicy([]byte(`{"bindings": [
+		{"role": "roles/pubsub.viewer", "members": ["domain:Example.COM"]},
+		{"role": "roles/pubsub.publisher", "members": ["domain:robots.example.org"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		perm, principal string
+		want            bool
+	}{
+		{TopicsGet, "user:alice@example.com", true},
+		{TopicsGet, "user:Alice@EXAMPLE.com", true},
+		{TopicsGet, "serviceAccount:ci@example.com", true},
+		{TopicsGet, "user:a@b@example.com", true}, // the domain follows the last @
+		{TopicsPublish, "user:alice@example.com", false},
+		{TopicsPublish, "serviceAccount:bot@robots.example.org", true},
+		{TopicsGet, "serviceAccount:bot@robots.example.org", false},
+		{TopicsGet, "user:mallory@example.org", false},
+		{TopicsGet, "user:x@sub.example.com", false},
+		{TopicsGet, "user:x@example.com.evil.net", false},
+		{TopicsGet, "user:x@notexample.com", false},
+		{TopicsGet, "user:example.com", false},
+		{TopicsGet, "user:alice@", false},
+		{TopicsGet, "serviceAccount:system:serviceaccount:ns:example.com", false},
+		{TopicsGet, "", false},
+	} {
+		if got := p.allows("any", c.perm, c.principal); got != c.want {
+			t.Errorf("allows(%s, %q) = %v, want %v", c.perm, c.principal, got, c.want)
+		}
+	}
+}
+
+// Members: domains are taken, groups and other kinds refused with what is
+// supported; a credential names no domain.
+func TestMembers(t *testing.T) {
+	for _, m := range []string{"user:a@example.com", "serviceAccount:ci", "domain:example.com", "domain:Example.com", AllUsers, AllAuthenticatedUsers} {
+		if err := validMember(m); err != nil {
+			t.Errorf("validMember(%q) = %v", m, err)
+		}
+	}
+	for _, c := range []struct{ member, want string }{
+		{"group:ops@example.com", "no directory to resolve a group's members"},
+		{"domain:", "is not supported: use user:ID, serviceAccount:ID, domain:DOMAIN"},
+		{"domain:alice@example.com", "want domain:DOMAIN"},
+		{"domain:example .com", "want domain:DOMAIN"},
+		{"principalSet://iam.googleapis.com/x", "is not supported: use"},
+		{"deleted:user:a@example.com?uid=1", "is not supported: use"},
+		{"alice", "is not supported: use"},
+	} {
+		if err := validMember(c.member); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("validMember(%q) = %v, want an error with %q", c.member, err, c.want)
+		}
+	}
+	for _, p := range []string{"domain:example.com", AllUsers} {
+		if err := validPrincipal(p); err == nil || !strings.Contains(err.Error(), "a credential names one") {
+			t.Errorf("validPrincipal(%q) = %v", p, err)
+		}
+	}
+}
+
 func TestTokensFile(t *testing.T) {
 	dir := t.TempDir()
 	write := func(content string) string {

@@ -17,27 +17,65 @@ const (
 	AllAuthenticatedUsers = "allAuthenticatedUsers" // every authenticated caller
 )
 
-// validMember reports what is wrong with a policy member, or nil. Groups,
-// domains and workload identity pools are refused: the sidecar has no
-// directory to resolve them.
+// validMember reports what is wrong with a policy member, or nil:
+// user:ID, serviceAccount:ID, domain:DOMAIN, allUsers or
+// allAuthenticatedUsers. Groups are refused, not kept: the sidecar has no
+// directory to tell their members, and a group that silently granted
+// nothing would look like a grant that works. Workload identity pools,
+// deleted members and the like are refused too.
 func validMember(m string) error {
 	if m == AllUsers || m == AllAuthenticatedUsers {
 		return nil
 	}
 	kind, id, ok := strings.Cut(m, ":")
-	if ok && (kind == "user" || kind == "serviceAccount") && id != "" && strings.TrimSpace(id) == id {
-		return nil
+	if !ok || id == "" || strings.TrimSpace(id) != id {
+		return fmt.Errorf("member %q is not supported: %s", m, supportedMembers)
 	}
-	return fmt.Errorf("member %q is not supported: use user:ID, serviceAccount:ID, %s or %s (the sidecar resolves no groups or domains)", m, AllUsers, AllAuthenticatedUsers)
+	switch kind {
+	case "user", "serviceAccount":
+		return nil
+	case "domain":
+		if strings.ContainsAny(id, "@/ \t") {
+			return fmt.Errorf("member %q: want domain:DOMAIN, a domain name such as example.com", m)
+		}
+		return nil
+	case "group":
+		return fmt.Errorf("member %q is not supported: the sidecar has no directory to resolve a group's members; grant them as user:ID or serviceAccount:ID", m)
+	}
+	return fmt.Errorf("member %q is not supported: %s", m, supportedMembers)
 }
+
+const supportedMembers = "use user:ID, serviceAccount:ID, domain:DOMAIN, " + AllUsers + " or " + AllAuthenticatedUsers
 
 // validPrincipal checks a principal a credential names (a token file's
 // line, a certificate): user:ID or serviceAccount:ID.
 func validPrincipal(p string) error {
-	if p == AllUsers || p == AllAuthenticatedUsers {
-		return fmt.Errorf("principal %q: a credential names one user:ID or serviceAccount:ID", p)
+	if kind, _, _ := strings.Cut(p, ":"); kind != "user" && kind != "serviceAccount" {
+		if validMember(p) == nil {
+			return fmt.Errorf("principal %q: a credential names one user:ID or serviceAccount:ID", p)
+		}
 	}
 	return validMember(p)
+}
+
+// domainMember is the member that grants to every principal whose email
+// address is in the principal's domain: domain:DOMAIN, DOMAIN in lower
+// case; "" for a principal without an address (user:alice,
+// serviceAccount:system:serviceaccount:NS:NAME). The domain is the
+// address's after its last @, matched whole and without case: a domain
+// member grants nothing in its subdomains (user:x@sub.example.com is not
+// in domain:example.com), as the sidecar cannot know which of them belong
+// to the same organization.
+func domainMember(principal string) string {
+	kind, id, _ := strings.Cut(principal, ":")
+	if kind != "user" && kind != "serviceAccount" {
+		return ""
+	}
+	i := strings.LastIndexByte(id, '@')
+	if i < 0 || i == len(id)-1 {
+		return ""
+	}
+	return "domain:" + strings.ToLower(id[i+1:])
 }
 
 // validateBindings checks a policy's bindings: known roles, supported
@@ -73,6 +111,9 @@ func compile(bs []*iampb.Binding) grants {
 				g[p] = map[string]struct{}{}
 			}
 			for _, m := range b.GetMembers() {
+				if d, ok := strings.CutPrefix(m, "domain:"); ok {
+					m = "domain:" + strings.ToLower(d) // matched without case
+				}
 				g[p][m] = struct{}{}
 			}
 		}
@@ -96,8 +137,14 @@ func (g grants) allows(perm, principal string) bool {
 	if _, ok := ms[AllAuthenticatedUsers]; ok {
 		return true
 	}
-	_, ok := ms[principal]
-	return ok
+	if _, ok := ms[principal]; ok {
+		return true
+	}
+	if d := domainMember(principal); d != "" {
+		_, ok := ms[d]
+		return ok
+	}
+	return false
 }
 
 // ProjectPolicy is the project-level policy of --iam-policy: Google's
