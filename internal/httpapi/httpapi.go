@@ -18,6 +18,7 @@ import (
 	"cloud.google.com/go/iam/apiv1/iampb"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/broker"
@@ -95,12 +96,26 @@ type Config struct {
 	Guard *iam.Guard
 	// IAM serves the :getIamPolicy, :setIamPolicy and :testIamPermissions
 	// routes of topics, subscriptions, snapshots and schemas (with PubSub
-	// set); nil: they answer 404.
-	IAM iampb.IAMPolicyServer
+	// set), and is told of every REST call that succeeded, so that a
+	// resource deleted loses its policy; nil: they answer 404.
+	IAM IAMService
 	// OpenPaths are the paths served to every caller with a Guard set:
 	// any of /healthz, /readyz and /metrics.
 	OpenPaths []string
 }
+
+// IAMService is the IAMPolicy service of Config.IAM. Its methods are
+// called concurrently.
+type IAMService interface {
+	iampb.IAMPolicyServer
+	// Done is told of every REST call that succeeded, by its request,
+	// before the answer is written: it may block (*iam.Service's, for up
+	// to 10 s while it drops a deleted resource's policy) and reports no
+	// error.
+	Done(ctx context.Context, req proto.Message)
+}
+
+var _ IAMService = (*iam.Service)(nil)
 
 type api struct {
 	b              *broker.Broker
@@ -115,6 +130,7 @@ type api struct {
 	webhook        webhookPolicy
 	status         func(context.Context) *status.Status // nil: no status page
 	guard          *iam.Guard                           // nil: no access control
+	iam            IAMService                           // nil: no IAMPolicy routes
 	openPaths      []string
 }
 
@@ -139,6 +155,7 @@ func New(cfg Config) http.Handler {
 		webhook:        newWebhookPolicy(cfg.WebhookAllowedOrigins, cfg.WebhookAllowedRate),
 		status:         cfg.Status,
 		guard:          cfg.Guard,
+		iam:            cfg.IAM,
 		openPaths:      cfg.OpenPaths,
 	}
 	if a.ready == nil {

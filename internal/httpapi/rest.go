@@ -365,7 +365,9 @@ func (a *api) serveREST(w http.ResponseWriter, r *http.Request, m *restMethod, n
 		a.restFail(w, r, err)
 		return
 	}
-	a.guard.Done(ctx, req)
+	if a.iam != nil {
+		a.iam.Done(ctx, req)
+	}
 	a.writeProto(w, r, resp, opts)
 }
 

@@ -3,10 +3,14 @@ package httpapi_test
 import (
 	"context"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 
 	"cloud.google.com/go/iam/apiv1/iampb"
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/jetorder/jetorder/internal/httpapi"
 )
@@ -16,6 +20,7 @@ type recordingIAM struct {
 	iampb.UnimplementedIAMPolicyServer
 	mu    sync.Mutex
 	calls []string
+	done  []string
 }
 
 func (r *recordingIAM) record(method, resource string) {
@@ -37,6 +42,29 @@ func (r *recordingIAM) SetIamPolicy(_ context.Context, req *iampb.SetIamPolicyRe
 func (r *recordingIAM) TestIamPermissions(_ context.Context, req *iampb.TestIamPermissionsRequest) (*iampb.TestIamPermissionsResponse, error) {
 	r.record("TestIamPermissions", req.GetResource())
 	return &iampb.TestIamPermissionsResponse{Permissions: req.GetPermissions()}, nil
+}
+
+// Done records the requests of REST calls that succeeded, by type.
+func (r *recordingIAM) Done(_ context.Context, req proto.Message) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.done = append(r.done, string(req.ProtoReflect().Descriptor().Name()))
+}
+
+// The IAM service is told of the REST calls that succeeded, deletions
+// included (it drops a deleted resource's policy), and not of those that
+// failed.
+func TestRESTIAMDone(t *testing.T) {
+	rec := &recordingIAM{}
+	e := newRESTEnv(t, httpapi.Config{IAM: rec})
+	e.ok(t, http.MethodPut, "topics/doomed", `{}`, &pb.Topic{})
+	e.ok(t, http.MethodDelete, "topics/doomed", "", &emptypb.Empty{})
+	e.fails(t, http.MethodDelete, "topics/doomed", "", http.StatusNotFound, "NOT_FOUND")
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if want := []string{"Topic", "DeleteTopicRequest"}; !slices.Equal(rec.done, want) {
+		t.Errorf("Done of %q, want %q", rec.done, want)
+	}
 }
 
 // The IAMPolicy verbs are routed on every kind of resource, topics too

@@ -12,5 +12,12 @@
 // permissions through the request message of the method they serve.
 //
 // A nil *Guard allows everything: the sidecar without authentication
-// configured behaves as it did before access control.
+// configured behaves as it did before access control. It still serves the
+// IAMPolicy service (OpenService): policies are kept and returned as with
+// access control, and enforce nothing.
+//
+// Members are user:ID, serviceAccount:ID, domain:DOMAIN (every user and
+// service account whose address is in DOMAIN), allUsers and
+// allAuthenticatedUsers; groups are refused, as the sidecar has no
+// directory to resolve them.
 package iam

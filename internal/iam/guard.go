@@ -47,7 +47,8 @@ type Config struct {
 	// DefaultProjectPolicy.
 	Projects *ProjectPolicy
 	// Policies holds the resource-level policies; nil: resources have
-	// none, and SetIamPolicy fails.
+	// none, and SetIamPolicy fails. The Service drops the policy of a
+	// resource deleted (Service.Done).
 	Policies *Store
 	// TopicOf returns the topic a subscription is attached to, for
 	// DetachSubscription's permission on that topic.
@@ -193,16 +194,6 @@ func (g *Guard) Refusal(ctx context.Context, method, perm string) error {
 	return g.refusal(c)
 }
 
-// Forget drops the policy of a resource that was deleted.
-func (g *Guard) Forget(ctx context.Context, resource string) {
-	if g == nil || g.store == nil {
-		return
-	}
-	if err := g.store.Delete(ctx, resource); err != nil {
-		g.audit.Warn("the policy of a deleted resource was not dropped", "resource", resource, "err", err)
-	}
-}
-
 // AuthenticateHTTP returns r's context carrying its caller, or an
 // UNAUTHENTICATED status: for bad credentials, and for a token in the
 // query string.
@@ -264,8 +255,7 @@ func authenticatedOnly(method string) bool {
 	return strings.HasPrefix(method, "/grpc.reflection.")
 }
 
-// UnaryInterceptor authenticates and authorizes every unary call, and
-// drops the policy of a resource a call deleted.
+// UnaryInterceptor authenticates and authorizes every unary call.
 func (g *Guard) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if open(info.FullMethod) {
@@ -282,22 +272,7 @@ func (g *Guard) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		if err := g.Authorize(ctx, info.FullMethod, m); err != nil {
 			return nil, err
 		}
-		resp, err := handler(ctx, req)
-		if err == nil {
-			g.Done(ctx, m)
-		}
-		return resp, err
-	}
-}
-
-// Done is called after a call succeeded: a resource it deleted loses its
-// policy.
-func (g *Guard) Done(ctx context.Context, req proto.Message) {
-	if g == nil {
-		return
-	}
-	if r := deletedResource(req); r != "" {
-		g.Forget(context.WithoutCancel(ctx), r)
+		return handler(ctx, req)
 	}
 }
 

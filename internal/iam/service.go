@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"cloud.google.com/go/iam/apiv1/iampb"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
@@ -41,15 +43,60 @@ func revisionOf(etag []byte) (uint64, bool) {
 }
 
 // Service is the google.iam.v1.IAMPolicy service for topics,
-// subscriptions, snapshots and schemas. Its calls are authorized before
-// they reach it (UnaryInterceptor, or the REST routes).
+// subscriptions, snapshots and schemas. With access control (a Guard's
+// Service) its calls are authorized before they reach it
+// (UnaryInterceptor, or the REST routes) and the policies it keeps are
+// enforced; without (OpenService) it keeps and returns them alike, and
+// they enforce nothing. It is safe for concurrent use.
 type Service struct {
 	iampb.UnimplementedIAMPolicyServer
-	g *Guard
+	policies policySource
+	exists   func(context.Context, string) error
+	audit    *slog.Logger
+	guard    *Guard // nil: no access control, every caller may do everything
 }
 
-// Service returns the guard's IAMPolicy service.
-func (g *Guard) Service() *Service { return &Service{g: g} }
+var _ iampb.IAMPolicyServer = (*Service)(nil)
+
+// policySource gives a Service the store of the policies; it is called
+// concurrently. create says whether a bucket that does not exist is
+// created (to store a policy) or not (to read one, or drop one): then it
+// gives nil and no error, as no resource has a policy. It may block until
+// ctx ends while it opens the bucket.
+type policySource interface {
+	open(ctx context.Context, create bool) (*Store, error)
+}
+
+var (
+	_ policySource = (*Store)(nil)
+	_ policySource = (*LazyStore)(nil)
+)
+
+// open gives the store itself, opened before (nil: no store).
+func (s *Store) open(context.Context, bool) (*Store, error) { return s, nil }
+
+func (l *LazyStore) open(ctx context.Context, create bool) (*Store, error) {
+	return l.Open(ctx, create)
+}
+
+// Service returns the guard's IAMPolicy service: the policies are the
+// guard's, TestIamPermissions answers what the caller holds.
+func (g *Guard) Service() *Service {
+	return &Service{policies: g.store, exists: g.exists, audit: g.audit, guard: g}
+}
+
+// OpenService returns the IAMPolicy service of a sidecar without access
+// control: it keeps the policies set in store and returns them as with
+// access control, but nothing enforces them, and TestIamPermissions
+// answers every Pub/Sub permission asked, since every caller may do
+// everything. exists is as Config.Exists; log gets the policy changes, as
+// the audit log with access control.
+func OpenService(store *LazyStore, exists func(ctx context.Context, resource string) error, log *slog.Logger) *Service {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Service{policies: store, exists: exists, audit: log.With("audit", true)}
+}
 
 // Register adds the service to a gRPC server.
 func (s *Service) Register(gs *grpc.Server) { iampb.RegisterIAMPolicyServer(gs, s) }
@@ -60,10 +107,19 @@ func (s *Service) checkResource(ctx context.Context, resource string) error {
 	if KindOf(resource) == "" || iamPermission(resource, "x") == "pubsub.unknown.x" {
 		return status.Errorf(codes.InvalidArgument, "Invalid resource name %q: want projects/P/topics/T, projects/P/subscriptions/S, projects/P/snapshots/S or projects/P/schemas/S", resource)
 	}
-	if s.g.exists != nil {
-		return s.g.exists(ctx, resource)
+	if s.exists != nil {
+		return s.exists(ctx, resource)
 	}
 	return nil
+}
+
+// store opens the store for a call; its errors are statuses.
+func (s *Service) store(ctx context.Context, create bool) (*Store, error) {
+	st, err := s.policies.open(ctx, create)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "read the policies: %v", err)
+	}
+	return st, nil
 }
 
 // GetIamPolicy returns a resource's own policy (not the project's).
@@ -74,10 +130,14 @@ func (s *Service) GetIamPolicy(ctx context.Context, req *iampb.GetIamPolicyReque
 	if err := s.checkResource(ctx, req.GetResource()); err != nil {
 		return nil, err
 	}
+	st, err := s.store(ctx, false)
+	if err != nil {
+		return nil, err
+	}
 	var pol *iampb.Policy
 	var rev uint64
-	if s.g.store != nil {
-		pol, rev = s.g.store.Get(req.GetResource())
+	if st != nil {
+		pol, rev = st.Get(req.GetResource())
 	}
 	out := &iampb.Policy{Etag: etagOf(rev)}
 	if pol != nil {
@@ -108,10 +168,14 @@ func (s *Service) SetIamPolicy(ctx context.Context, req *iampb.SetIamPolicyReque
 	if err := validateBindings(pol.GetBindings()); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "Invalid policy: %v", err)
 	}
-	if s.g.store == nil {
+	st, err := s.store(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
 		return nil, status.Error(codes.FailedPrecondition, "resource policies are not stored by this sidecar")
 	}
-	_, current := s.g.store.Get(resource)
+	_, current := st.Get(resource)
 	expect := current
 	if len(pol.GetEtag()) > 0 {
 		rev, ok := revisionOf(pol.GetEtag())
@@ -121,14 +185,14 @@ func (s *Service) SetIamPolicy(ctx context.Context, req *iampb.SetIamPolicyReque
 		expect = rev
 	}
 	stored := &iampb.Policy{Version: 1, Bindings: normalize(pol.GetBindings())}
-	rev, err := s.g.store.Set(ctx, resource, stored, expect)
+	rev, err := st.Set(ctx, resource, stored, expect)
 	if errors.Is(err, errConcurrentChange) {
 		return nil, concurrentChange()
 	}
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "store the policy: %v", err)
 	}
-	s.g.audit.Info("policy changed", "principal", orAnonymous(CallerOf(ctx).Principal), "method", "SetIamPolicy",
+	s.audit.Info("policy changed", "principal", orAnonymous(CallerOf(ctx).Principal), "method", "SetIamPolicy",
 		"resource", resource, "bindings", describeBindings(stored.GetBindings()))
 	return &iampb.Policy{Version: 1, Bindings: stored.GetBindings(), Etag: etagOf(rev)}, nil
 }
@@ -163,7 +227,8 @@ func describeBindings(bs []*iampb.Binding) string {
 }
 
 // TestIamPermissions returns the permissions of req that the caller holds
-// on the resource, which need not exist.
+// on the resource, which need not exist: without access control, all of
+// them.
 func (s *Service) TestIamPermissions(ctx context.Context, req *iampb.TestIamPermissionsRequest) (*iampb.TestIamPermissionsResponse, error) {
 	if KindOf(req.GetResource()) == "" {
 		return nil, status.Errorf(codes.InvalidArgument, "Invalid resource name %q", req.GetResource())
@@ -174,11 +239,43 @@ func (s *Service) TestIamPermissions(ctx context.Context, req *iampb.TestIamPerm
 		if !knownPermission(p) {
 			return nil, status.Errorf(codes.InvalidArgument, "Permission %s is not valid for this resource.", p)
 		}
-		if s.g.allowed(principal, p, req.GetResource()) {
+		if s.guard == nil || s.guard.allowed(principal, p, req.GetResource()) {
 			out.Permissions = append(out.Permissions, p)
 		}
 	}
 	return out, nil
+}
+
+// Done is told of every call that succeeded: a resource it deleted loses
+// its policy, so one created again under the same name starts without
+// one, as in Google's service. For a deletion it blocks until the policy
+// is dropped, for up to 10 s whatever ctx says (the call did succeed); a
+// failure is logged, as the call's answer stands.
+func (s *Service) Done(ctx context.Context, req proto.Message) {
+	resource := deletedResource(req)
+	if resource == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	st, err := s.policies.open(ctx, false)
+	if err == nil && st != nil {
+		err = st.Delete(ctx, resource)
+	}
+	if err != nil {
+		s.audit.Warn("the policy of a deleted resource was not dropped", "resource", resource, "err", err)
+	}
+}
+
+// UnaryInterceptor tells Done of every unary call that succeeded.
+func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if m, ok := req.(proto.Message); ok && err == nil {
+			s.Done(ctx, m)
+		}
+		return resp, err
+	}
 }
 
 // deletedResource is the resource a successful call deleted, or "".

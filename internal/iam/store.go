@@ -41,8 +41,19 @@ type storedPolicy struct {
 // OpenStore opens (or creates) the bucket and reads every policy in it
 // before it returns; then it keeps watching until Close.
 func OpenStore(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) (*Store, error) {
+	return openStore(ctx, js, replicas, log, true)
+}
+
+// errNoBucket is openStore's error for a bucket that does not exist and
+// was not to be created.
+var errNoBucket = errors.New("no bucket " + PolicyBucket)
+
+func openStore(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger, create bool) (*Store, error) {
 	kv, err := js.KeyValue(ctx, PolicyBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		if !create {
+			return nil, errNoBucket
+		}
 		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket: PolicyBucket, Description: "jetorder: IAM policies of topics, subscriptions, snapshots and schemas",
 			Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
@@ -206,4 +217,59 @@ func (s *Store) Delete(ctx context.Context, resource string) error {
 	}
 	s.put(resource, &storedPolicy{revision: sp.revision + 1})
 	return nil
+}
+
+// LazyStore is a Store opened on first use, as the sidecar's other
+// buckets: a sidecar without access control whose resource policies no
+// one reads or sets creates no bucket. It is safe for concurrent use.
+type LazyStore struct {
+	js       jetstream.JetStream
+	replicas int
+	log      *slog.Logger
+
+	mu     sync.Mutex // held while opening
+	store  *Store
+	closed bool
+}
+
+// NewLazyStore returns a LazyStore of the bucket on js, created with
+// replicas when it does not exist.
+func NewLazyStore(js jetstream.JetStream, replicas int, log *slog.Logger) *LazyStore {
+	return &LazyStore{js: js, replicas: replicas, log: log}
+}
+
+// Open returns the store, opening it on the first call that succeeds
+// (which waits, up to ctx's end, for every policy in the bucket); later
+// calls return it at once. With create false, a bucket that does not
+// exist yet is not created: Open returns nil and no error, since no
+// resource has a policy.
+func (l *LazyStore) Open(ctx context.Context, create bool) (*Store, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, errors.New("iam: the policy store is closed")
+	}
+	if l.store != nil {
+		return l.store, nil
+	}
+	s, err := openStore(ctx, l.js, l.replicas, l.log, create)
+	if errors.Is(err, errNoBucket) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	l.store = s
+	return s, nil
+}
+
+// Close stops the store's watch, if it was opened; later Opens fail.
+func (l *LazyStore) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	if l.store != nil {
+		l.store.Close()
+		l.store = nil
+	}
 }

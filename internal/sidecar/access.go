@@ -41,10 +41,13 @@ func (s *sidecar) checkExposure() error {
 	return nil
 }
 
-// setupAccess builds the guard, with the resource policies' store, when
-// access control is configured.
+// setupAccess builds the store of the resource policies and, when access
+// control is configured, the guard, for which the store is opened at once
+// (authorization reads it); without access control it is opened on first
+// use, and its policies enforce nothing.
 func (s *sidecar) setupAccess(ctx context.Context) error {
 	cfg := s.cfg
+	s.policies = iam.NewLazyStore(s.js, max(cfg.Replicas, 1), s.log)
 	if !cfg.accessConfigured() {
 		if cfg.IAMPolicy != "" {
 			return errors.New("--iam-policy needs a way to authenticate callers: --auth-tokens, --tls-client-ca or --auth-jwks")
@@ -64,7 +67,7 @@ func (s *sidecar) setupAccess(ctx context.Context) error {
 	}
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	store, err := iam.OpenStore(octx, s.js, max(cfg.Replicas, 1), s.log)
+	store, err := s.policies.Open(octx, true)
 	if err != nil {
 		return err
 	}
@@ -79,10 +82,9 @@ func (s *sidecar) setupAccess(ctx context.Context) error {
 		Logger:      s.log,
 	})
 	if err != nil {
-		store.Close()
-		return err
+		return err // setup closes the store
 	}
-	s.guard, s.policies = g, store
+	s.guard = g
 	policy := "every authenticated caller is roles/pubsub.admin (no --iam-policy)"
 	if cfg.IAMPolicy != "" {
 		policy = cfg.IAMPolicy

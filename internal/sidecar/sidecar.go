@@ -19,7 +19,6 @@ import (
 	"sync"
 	"time"
 
-	"cloud.google.com/go/iam/apiv1/iampb"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
@@ -157,8 +156,8 @@ type sidecar struct {
 	api *pubsubapi.Server
 
 	schemas  *schemaapi.Server
-	guard    *iam.Guard // nil without access control
-	policies *iam.Store // resource policies, with access control
+	guard    *iam.Guard     // nil without access control
+	policies *iam.LazyStore // resource policies; opened at setup with access control
 
 	gs      *grpc.Server
 	hs      *health.Server
@@ -314,10 +313,19 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		grpc.ChainUnaryInterceptor(logUnary(log)),
 		grpc.ChainStreamInterceptor(logStream(log)),
 	}
+	// The IAMPolicy service: with access control the guard's, which
+	// enforces the policies; without, one that keeps them and enforces
+	// nothing, as every call is allowed.
+	var policies *iam.Service
 	if s.guard != nil { // after the log, which then shows refusals too
 		gopts = append(gopts, grpc.ChainUnaryInterceptor(s.guard.UnaryInterceptor()),
 			grpc.ChainStreamInterceptor(s.guard.StreamInterceptor()))
+		policies = s.guard.Service()
+	} else {
+		policies = iam.OpenService(s.policies, s.exists, log)
 	}
+	// A resource deleted loses its policy.
+	gopts = append(gopts, grpc.ChainUnaryInterceptor(policies.UnaryInterceptor()))
 	if durable != nil {
 		gopts = append(gopts, grpc.ChainUnaryInterceptor(syncUnary(durable)))
 	}
@@ -327,12 +335,7 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 	s.gs = grpc.NewServer(gopts...)
 	s.api.Register(s.gs)
 	schemas.Register(s.gs)
-	var policies iampb.IAMPolicyServer
-	if s.guard != nil {
-		svc := s.guard.Service()
-		svc.Register(s.gs)
-		policies = svc
-	}
+	policies.Register(s.gs)
 	// Health: SERVING while NATS and JetStream answer (they do by now),
 	// NOT_SERVING while they do not, and from the start of shutdown.
 	s.hs = health.NewServer()
