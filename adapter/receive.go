@@ -529,14 +529,15 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	if err != nil {
 		return // not a JetStream delivery (nothing else is sent here)
 	}
-	if meta.NumDelivered > 1 && strings.HasPrefix(meta.Consumer, keyrouter.KeyConsumerPrefix(r.rec.Project, r.rec.nameID())) {
-		// A key consumer's redelivery: it may be one whose ack the
-		// server lost after it went on to the key's later messages.
-		// Asked off the delivery goroutine, which every key shares.
+	if strings.HasPrefix(meta.Consumer, keyrouter.KeyConsumerPrefix(r.rec.Project, r.rec.nameID())) &&
+		(meta.NumDelivered > 1 || time.Since(meta.Timestamp) > r.staleCheckAge()) {
+		// A key consumer's redelivery, or a message stored a while ago:
+		// either may no longer be the key's to deliver. Asked off the
+		// delivery goroutine, which every key shares.
 		r.loops.Add(1)
 		go func() {
 			defer r.loops.Done()
-			if !r.ackLost(m, meta) {
+			if r.keyDeliveryDue(m, meta) {
 				r.arrive(m, meta)
 			}
 		}()
@@ -545,29 +546,77 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	r.arrive(m, meta)
 }
 
-// ackLost reports whether m, a redelivery of a key consumer's message, is
-// one the consumer had delivered later messages after: with MaxAckPending
-// 1 it delivers a key's next message only once this one is acked, so the
-// server had its ack and lost it (a consumer leader that failed before it
-// passed the ack on). Pub/Sub would deliver every later message of the key
-// again too; JetStream redelivers only this one, and a handler given it
-// would see the key go back one message and then skip ahead. It is acked
-// again unseen instead (the caller does not deliver it), as the
-// partitioned receiver does (gates.done). When the consumer cannot be
-// asked, it is delivered.
-func (r *receiver) ackLost(m *nats.Msg, meta *nats.MsgMetadata) bool {
-	ctx, cancel := context.WithTimeout(r.c.closing, min(r.c.cfg.apiTimeout, 2*time.Second))
-	defer cancel()
-	info, err := r.c.js.Consumer(ctx, r.rec.stream(), meta.Consumer)
-	if err != nil || info.CachedInfo().Delivered.Stream <= meta.Sequence.Stream {
-		return false
+// staleCheckAge is how old a key consumer's message may be on arrival
+// before the consumer is asked whether its delivery is still due (see
+// keyDeliveryDue). A delivery overtaken by a later one waited in transit
+// at least until the server redelivered it, an ack deadline; a paused
+// server holds it for as long as it is paused.
+func (r *receiver) staleCheckAge() time.Duration {
+	return min(r.rec.ackDeadline()/2, 2*time.Second)
+}
+
+// keyDeliveryDue reports whether m, a key consumer's delivery that is a
+// redelivery or of a message stored a while ago, is to be delivered:
+// whether it is the consumer's latest delivery, of a message the consumer
+// still has unacked and has delivered nothing of the key after.
+//
+// With MaxAckPending 1 a key consumer has one message out at a time, so
+// any other delivery is stale:
+//   - an earlier delivery of a message delivered again since, which waited
+//     in a paused server while the redelivery went elsewhere and was acked,
+//     and the key went on;
+//   - a redelivery of a message acked meanwhile (its ack came late, through
+//     a server that was paused);
+//   - a redelivery of a message the consumer had delivered past: the
+//     server had its ack and lost it (a consumer leader that failed before
+//     it passed the ack on). Pub/Sub would deliver every later message of
+//     the key again too; JetStream redelivers only this one.
+//
+// A handler given a stale delivery would see its key go back a message
+// and then skip ahead, or two messages of the key in handlers at once. A
+// stale redelivery of a message the consumer has acked or passed is acked
+// again, unseen, as the partitioned receiver does (gates.done); any other
+// stale delivery is dropped, its newer delivery being the one that counts.
+//
+// The consumer is asked until it answers, within half the ack deadline; a
+// delivery it never answers for is dropped unacked, and comes back at its
+// deadline to be asked about again.
+func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
+	seq, dseq := meta.Sequence.Stream, meta.Sequence.Consumer
+	giveUp := time.Now().Add(r.rec.ackDeadline() / 2)
+	for {
+		ctx, cancel := context.WithTimeout(r.hctx, min(r.c.cfg.apiTimeout, 2*time.Second))
+		c, err := r.c.js.PushConsumer(ctx, r.rec.stream(), meta.Consumer)
+		if err == nil {
+			info := c.CachedInfo()
+			passed := info.Delivered.Stream > seq || info.AckFloor.Stream >= seq
+			if !passed && info.Delivered.Consumer == dseq {
+				cancel()
+				return true
+			}
+			r.c.cfg.logger.Debug("key consumer delivery no longer due: dropped", "subscription", r.sub.id,
+				"consumer", meta.Consumer, "seq", seq, "dseq", dseq, "delivered", info.Delivered.Stream,
+				"delivered_dseq", info.Delivered.Consumer, "ack_floor", info.AckFloor.Stream)
+			if passed {
+				// Not delivered even if the ack fails: it then comes again,
+				// and is asked about again.
+				_, _ = r.c.nc.RequestWithContext(ctx, m.Reply, ackPayload[ackAck])
+			}
+			cancel()
+			return false
+		}
+		cancel()
+		if errors.Is(err, jetstream.ErrConsumerNotFound) || r.hctx.Err() != nil || time.Now().After(giveUp) {
+			r.c.cfg.logger.Debug("key consumer delivery dropped: its consumer did not say whether it is due", "subscription", r.sub.id,
+				"consumer", meta.Consumer, "seq", seq, "err", err)
+			return false
+		}
+		select {
+		case <-r.hctx.Done():
+			return false
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
-	r.c.cfg.logger.Debug("key consumer redelivered a message it had delivered past (the server lost its ack): acked again", "subscription", r.sub.id,
-		"consumer", meta.Consumer, "seq", meta.Sequence.Stream)
-	// Not delivered even if the ack fails: it then comes again, and is
-	// asked about again.
-	_, _ = r.c.nc.RequestWithContext(ctx, m.Reply, ackPayload[ackAck])
-	return true
 }
 
 // arrive takes a pushed message in: held, and handed to a handler.

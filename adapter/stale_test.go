@@ -1,0 +1,118 @@
+package adapter
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/internal/testutil"
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// A key consumer's delivery that is no longer the key's to deliver is
+// found stale by asking the consumer; its current delivery is not. On a
+// cluster, a paused server hands stale ones on late: the first delivery
+// of a message whose redelivery went elsewhere and was acked while the key
+// went on, or the redelivery of a message whose ack the server lost after
+// delivering past it. (A client may not publish with a $JS.ACK reply, so
+// they are made here as the receiver would have been handed them.)
+func TestKeyDeliveryDue(t *testing.T) {
+	srv := testutil.Server(t)
+	nc := testutil.Connect(t, srv.ClientURL())
+	c, err := NewClient(nc, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	topic, err := c.CreateTopic(ctx, "tpc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.CreateSubscription(ctx, "sub", SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: DeliveryPerKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Message, 3)
+	release := make(chan struct{})
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Receive(rctx, func(_ context.Context, m *Message) {
+			got <- m
+			if string(m.Data) == "m1" {
+				<-release // m1 stays out while the deliveries are looked at
+			}
+			m.Ack()
+		})
+	}()
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
+	for _, data := range []string{"m0", "m1"} {
+		if _, err := topic.Publish(ctx, &Message{Data: []byte(data), OrderingKey: "k"}).Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case m := <-got:
+			if string(m.Data) != data {
+				t.Fatalf("handled %q, want %q", m.Data, data)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s not handled", data)
+		}
+	}
+	defer close(release)
+
+	// The key consumer, with m0 acked and m1 out.
+	stream := keyrouter.StreamName("p", "tpc")
+	var info *jetstream.ConsumerInfo
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		s, err := c.js.Stream(ctx, stream)
+		if err != nil {
+			return false
+		}
+		for i := range s.ListConsumers(ctx).Info() {
+			if strings.HasPrefix(i.Name, keyrouter.KeyConsumerPrefix("p", "sub")) && i.AckFloor.Stream == 1 && i.Delivered.Stream == 2 {
+				info = i
+			}
+		}
+		return info != nil
+	}, "no key consumer with m0 acked and m1 out")
+	rec, err := sub.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &receiver{c: c, sub: sub, rec: rec, hctx: ctx}
+	delivery := func(attempt, seq, dseq uint64, stored time.Time) (*nats.Msg, *nats.MsgMetadata) {
+		m := &nats.Msg{Subject: "deliver", Sub: &nats.Subscription{}, Reply: fmt.Sprintf("$JS.ACK.%s.%s.%d.%d.%d.%d.0", stream, info.Name, attempt, seq, dseq, stored.UnixNano())}
+		meta, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m, meta
+	}
+	cur := info.Delivered.Consumer
+	for _, d := range []struct {
+		what               string
+		attempt, seq, dseq uint64
+		stored             time.Time
+		due                bool
+	}{
+		{"m0's first delivery, late", 1, 1, 1, time.Now().Add(-time.Minute), false},
+		{"a redelivery of m0, acked and passed", 2, 1, cur + 1, time.Now(), false},
+		{"an earlier delivery of m1, delivered again since", 1, 2, cur - 1, time.Now().Add(-time.Minute), false},
+		{"m1's current delivery", 1, 2, cur, time.Now().Add(-time.Minute), true},
+	} {
+		m, meta := delivery(d.attempt, d.seq, d.dseq, d.stored)
+		if due := r.keyDeliveryDue(m, meta); due != d.due {
+			t.Errorf("%s: due %v, want %v", d.what, due, d.due)
+		}
+	}
+}
