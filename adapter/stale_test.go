@@ -109,6 +109,7 @@ func TestKeyDeliveryDue(t *testing.T) {
 		{"a redelivery of m0, acked and passed", 2, 1, cur + 1, time.Now(), false},
 		{"an earlier delivery of m1, delivered again since", 1, 2, cur - 1, time.Now().Add(-time.Minute), false},
 		{"m1's current delivery", 1, 2, cur, time.Now().Add(-time.Minute), true},
+		{"a delivery the consumer's state does not show yet", 2, 2, cur + 1, time.Now(), true},
 	} {
 		m, meta := delivery(d.attempt, d.seq, d.dseq, d.stored)
 		if due := r.keyDeliveryDue(m, meta); due != d.due {
