@@ -137,7 +137,7 @@ func (m *partitionedMode) loadRecorded(ctx context.Context) error {
 			}
 			i, err := strconv.Atoi(strings.TrimPrefix(e.Key(), prefix))
 			if rec, ok := parseOwnerRecord(e.Value()); err == nil && ok {
-				m.setRecorded(i, rec.receiver)
+				m.setRecorded(i, rec.receiver, e.Revision())
 			}
 		case <-ctx.Done():
 			return ctx.Err()
@@ -189,12 +189,24 @@ func (m *partitionedMode) currentOwners() []string {
 	return slices.Clone(m.recorded)
 }
 
-// setRecorded keeps partition i's recorded owner for the assignment.
-func (m *partitionedMode) setRecorded(i int, rid string) {
+// setRecorded keeps partition i's recorded owner, from the record's
+// revision rev, for the assignment, unless a later revision is kept
+// already (this receiver's own write comes before the watch has it). When
+// the owner changed it wakes watchMembers, to follow the assignment at once
+// rather than at its next check.
+func (m *partitionedMode) setRecorded(i int, rid string, rev uint64) {
 	m.recordedMu.Lock()
-	defer m.recordedMu.Unlock()
-	if i >= 0 && i < len(m.recorded) {
-		m.recorded[i] = rid
+	changed := false
+	if i >= 0 && i < len(m.recorded) && rev > m.recordedRev[i] {
+		changed = m.recorded[i] != rid
+		m.recorded[i], m.recordedRev[i] = rid, rev
+	}
+	m.recordedMu.Unlock()
+	if changed {
+		select {
+		case m.rebalance <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -223,6 +235,9 @@ func (m *partitionedMode) watchMembers(w jetstream.KeyWatcher) {
 				m.memberUpdate(e)
 				m.follow(m.assignment())
 			}
+			continue
+		case <-m.rebalance:
+			m.follow(m.assignment())
 			continue
 		case <-t.C:
 		case <-m.stopped:

@@ -74,9 +74,14 @@ type partitionedMode struct {
 	// (watchMembers alone uses it after start).
 	unrecorded bool
 	// recorded are the partitions' recorded owners (presence ids), as
-	// watchOwners reads them, for the assignment to keep them.
-	recordedMu sync.Mutex
-	recorded   []string
+	// watchOwners reads them and as this receiver writes them, for the
+	// assignment to keep them; recordedRev their records' revisions.
+	recordedMu  sync.Mutex
+	recorded    []string
+	recordedRev []uint64
+	// rebalance wakes watchMembers to follow the assignment again: a
+	// recorded owner changed.
+	rebalance chan struct{}
 
 	confirmMu   sync.Mutex
 	confirmQ    []*delivery // acked, waiting for the server to have the ack
@@ -95,7 +100,7 @@ type partitionedMode struct {
 var _ keyedDelivery = (*partitionedMode)(nil)
 
 func newPartitionedMode(r *receiver) *partitionedMode {
-	return &partitionedMode{r: r, confirmWake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	return &partitionedMode{r: r, confirmWake: make(chan struct{}, 1), rebalance: make(chan struct{}, 1), stopped: make(chan struct{})}
 }
 
 // partition is one partition of a partitioned subscription, as one Receive
@@ -157,7 +162,7 @@ func (m *partitionedMode) start(ctx context.Context) error {
 		}
 		m.parts = append(m.parts, p)
 	}
-	m.recorded = make([]string, len(m.parts))
+	m.recorded, m.recordedRev = make([]string, len(m.parts)), make([]uint64, len(m.parts))
 	w, err := m.join(ctx)
 	if err != nil {
 		return fmt.Errorf("record member: %w", err)

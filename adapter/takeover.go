@@ -98,8 +98,15 @@ func (p *partition) recordedOwner(ctx context.Context) (rec ownerRecord, found b
 
 // recordOwner writes this receiver, with pin, as partition p's owner.
 func (p *partition) recordOwner(ctx context.Context, pin string) error {
-	_, err := p.m.owners.Put(ctx, p.m.ownerKey(p.index), []byte(ownerRecord{p.m.rid(), pin}.String()))
-	return err
+	rev, err := p.m.owners.Put(ctx, p.m.ownerKey(p.index), []byte(ownerRecord{p.m.rid(), pin}.String()))
+	if err != nil {
+		return err
+	}
+	// The assignment counts it now, not once the watch brings it back:
+	// until then this receiver's view of who holds what would differ
+	// from the others'.
+	p.m.setRecorded(p.index, p.m.rid(), rev)
+	return nil
 }
 
 // freeGoneOwners nacks every unacked message of the partition that this
@@ -209,7 +216,7 @@ func (m *partitionedMode) watchOwners() {
 				i, err := strconv.Atoi(strings.TrimPrefix(e.Key(), prefix))
 				if rec, ok := parseOwnerRecord(e.Value()); err == nil && ok {
 					records[i] = rec
-					m.setRecorded(i, rec.receiver)
+					m.setRecorded(i, rec.receiver, e.Revision())
 				}
 				continue
 			}
