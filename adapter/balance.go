@@ -329,19 +329,37 @@ func (p *partition) yield(cc jetstream.ConsumeContext) {
 	p.letGo()
 }
 
-// letGo unpins the partition if this receiver does not pull it and the
-// server still has its pin, and hands back what no handler started
-// (checkPin, as for a pin lost). When that fails (no answer from the
-// server) watchMembers calls it again.
+// letGo ends this receiver's term of the partition, if it does not pull
+// it, and unpins the partition if the server still has that term's pin.
+// The term ends first: from then on no handler starts on the partition
+// here (its fence, were it still up, could otherwise lift once the
+// partition is unpinned, and start messages under a new owner that, as
+// this receiver has no owner record yet, hands back what it does not
+// hold: they would run twice, the second time after later messages of
+// their keys). What no handler started is handed back (as for a pin
+// lost), to the new owner. When the unpin fails (no answer from the
+// server) watchMembers calls letGo again.
 func (p *partition) letGo() {
 	m, r := p.m, p.r
 	m.pullMu.Lock()
 	pulled := p.cc != nil || p.draining != nil // assigned back meanwhile: keep it
 	m.pullMu.Unlock()
+	if pulled {
+		return
+	}
 	p.mu.Lock()
-	pin := p.g.pin
+	var back []*delivery
+	if pin := p.g.pin; pin != "" {
+		p.yielded = pin
+		_, back = p.g.pinAnswer(pin, "")
+		p.reportLocked()
+	}
+	pin := p.yielded
 	p.mu.Unlock()
-	if pulled || pin == "" {
+	for _, d := range back {
+		_ = r.c.nc.Publish(d.reply, ackPayload[ackNak])
+	}
+	if pin == "" {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 5*time.Second))
@@ -353,21 +371,19 @@ func (p *partition) letGo() {
 		case <-ctx.Done():
 		}
 	}()
-	info, err := p.info(ctx)
-	unpin := err == nil && pinnedIn(info) == pin
-	if unpin {
-		err = p.stream.UnpinConsumer(ctx, info.Name, partitionGroup)
-	}
+	unpinned, err := p.unpinIf(ctx, pin)
 	if err != nil {
 		r.c.cfg.logger.Warn("partition given up not unpinned yet; trying again", "subscription", r.sub.id, "partition", p.index, "err", err)
 		return
 	}
-	if unpin {
-		r.c.cfg.logger.Info("partition yielded to the receiver it is assigned to", "subscription", r.sub.id, "partition", p.index)
-	}
 	p.mu.Lock()
-	p.checkPinLocked(pin)
+	if p.yielded == pin {
+		p.yielded = ""
+	}
 	p.mu.Unlock()
+	if unpinned {
+		r.c.cfg.logger.Info("partition yielded to the receiver it is assigned to", "subscription", r.sub.id, "partition", p.index, "handed_back", len(back))
+	}
 }
 
 // tidy, at each of watchMembers' checks, finishes what yields left:
@@ -389,6 +405,9 @@ func (m *partitionedMode) tidy(ctx context.Context) {
 		}
 		p.mu.Lock()
 		pin, held := p.g.pin, len(p.g.held)
+		if pin == "" {
+			pin = p.yielded
+		}
 		p.mu.Unlock()
 		if pin != "" {
 			m.loops.Add(1)
