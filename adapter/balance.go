@@ -18,21 +18,26 @@ import (
 // the others stand by. Instead every receiver records itself as a member
 // of the subscription (the per-key mode's member records), watches the
 // members, and pulls only from the partitions the assignment gives it,
-// which every receiver computes alike from the same members
-// (assignPartitions). When the members change, a receiver that owns a
+// which every receiver computes alike from the same members and owner
+// records (assignPartitions). When they change, a receiver that owns a
 // partition now assigned elsewhere yields it: it stops pulling, lets what
-// the client buffered arrive, unpins the partition and hands back what no
-// handler started, as when it loses a pin. The new owner's pull request is
-// then the only one waiting, the server pins it, and its fence (doc.go)
-// starts nothing until the old owner's handlers have settled their
-// messages: order holds across the move.
+// the client buffered arrive, ends its term, unpins the partition and
+// hands back what no handler started, as when it loses a pin. The new
+// owner's pull request is then the only one waiting, the server pins it,
+// and its fence (doc.go) starts nothing until the old owner's handlers
+// have settled their messages: order holds across the move.
 //
 // A member is removed from the view when its presence subject has no
 // responders (presence.gone), or when its record is deleted (a receiver
 // that ends deletes its own). Views can differ for a moment, while a
 // change spreads: then two receivers may pull one partition, and the
-// server's pin still gives it to one; or none may, for at most a check
-// interval.
+// server's pin still gives it to one; or none may, until the change has
+// reached both. A receiver follows the assignment as soon as a member or
+// a recorded owner changes in its view, its own records counting as soon
+// as they are written: a disagreement settled only at the next check (a
+// second later) could move a partition after its last message, and the
+// server pins only on delivery, so its new owner would hold no pin (and no
+// status page name a holder) until the next message.
 
 // balanceInterval is how often a receiver checks that the members it
 // knows are there.
