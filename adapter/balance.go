@@ -18,21 +18,26 @@ import (
 // the others stand by. Instead every receiver records itself as a member
 // of the subscription (the per-key mode's member records), watches the
 // members, and pulls only from the partitions the assignment gives it,
-// which every receiver computes alike from the same members
-// (assignPartitions). When the members change, a receiver that owns a
+// which every receiver computes alike from the same members and owner
+// records (assignPartitions). When they change, a receiver that owns a
 // partition now assigned elsewhere yields it: it stops pulling, lets what
-// the client buffered arrive, unpins the partition and hands back what no
-// handler started, as when it loses a pin. The new owner's pull request is
-// then the only one waiting, the server pins it, and its fence (doc.go)
-// starts nothing until the old owner's handlers have settled their
-// messages: order holds across the move.
+// the client buffered arrive, ends its term, unpins the partition and
+// hands back what no handler started, as when it loses a pin. The new
+// owner's pull request is then the only one waiting, the server pins it,
+// and its fence (doc.go) starts nothing until the old owner's handlers
+// have settled their messages: order holds across the move.
 //
 // A member is removed from the view when its presence subject has no
 // responders (presence.gone), or when its record is deleted (a receiver
 // that ends deletes its own). Views can differ for a moment, while a
 // change spreads: then two receivers may pull one partition, and the
-// server's pin still gives it to one; or none may, for at most a check
-// interval.
+// server's pin still gives it to one; or none may, until the change has
+// reached both. A receiver follows the assignment as soon as a member or
+// a recorded owner changes in its view, its own records counting as soon
+// as they are written: a disagreement settled only at the next check (a
+// second later) could move a partition after its last message, and the
+// server pins only on delivery, so its new owner would hold no pin (and no
+// status page name a holder) until the next message.
 
 // balanceInterval is how often a receiver checks that the members it
 // knows are there.
@@ -137,7 +142,7 @@ func (m *partitionedMode) loadRecorded(ctx context.Context) error {
 			}
 			i, err := strconv.Atoi(strings.TrimPrefix(e.Key(), prefix))
 			if rec, ok := parseOwnerRecord(e.Value()); err == nil && ok {
-				m.setRecorded(i, rec.receiver)
+				m.setRecorded(i, rec.receiver, e.Revision())
 			}
 		case <-ctx.Done():
 			return ctx.Err()
@@ -189,12 +194,24 @@ func (m *partitionedMode) currentOwners() []string {
 	return slices.Clone(m.recorded)
 }
 
-// setRecorded keeps partition i's recorded owner for the assignment.
-func (m *partitionedMode) setRecorded(i int, rid string) {
+// setRecorded keeps partition i's recorded owner, from the record's
+// revision rev, for the assignment, unless a later revision is kept
+// already (this receiver's own write comes before the watch has it). When
+// the owner changed it wakes watchMembers, to follow the assignment at once
+// rather than at its next check.
+func (m *partitionedMode) setRecorded(i int, rid string, rev uint64) {
 	m.recordedMu.Lock()
-	defer m.recordedMu.Unlock()
-	if i >= 0 && i < len(m.recorded) {
-		m.recorded[i] = rid
+	changed := false
+	if i >= 0 && i < len(m.recorded) && rev > m.recordedRev[i] {
+		changed = m.recorded[i] != rid
+		m.recorded[i], m.recordedRev[i] = rid, rev
+	}
+	m.recordedMu.Unlock()
+	if changed {
+		select {
+		case m.rebalance <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -223,6 +240,9 @@ func (m *partitionedMode) watchMembers(w jetstream.KeyWatcher) {
 				m.memberUpdate(e)
 				m.follow(m.assignment())
 			}
+			continue
+		case <-m.rebalance:
+			m.follow(m.assignment())
 			continue
 		case <-t.C:
 		case <-m.stopped:
@@ -314,19 +334,37 @@ func (p *partition) yield(cc jetstream.ConsumeContext) {
 	p.letGo()
 }
 
-// letGo unpins the partition if this receiver does not pull it and the
-// server still has its pin, and hands back what no handler started
-// (checkPin, as for a pin lost). When that fails (no answer from the
-// server) watchMembers calls it again.
+// letGo ends this receiver's term of the partition, if it does not pull
+// it, and unpins the partition if the server still has that term's pin.
+// The term ends first: from then on no handler starts on the partition
+// here (its fence, were it still up, could otherwise lift once the
+// partition is unpinned, and start messages under a new owner that, as
+// this receiver has no owner record yet, hands back what it does not
+// hold: they would run twice, the second time after later messages of
+// their keys). What no handler started is handed back (as for a pin
+// lost), to the new owner. When the unpin fails (no answer from the
+// server) watchMembers calls letGo again.
 func (p *partition) letGo() {
 	m, r := p.m, p.r
 	m.pullMu.Lock()
 	pulled := p.cc != nil || p.draining != nil // assigned back meanwhile: keep it
 	m.pullMu.Unlock()
+	if pulled {
+		return
+	}
 	p.mu.Lock()
-	pin := p.g.pin
+	var back []*delivery
+	if pin := p.g.pin; pin != "" {
+		p.yielded = pin
+		_, back = p.g.pinAnswer(pin, "")
+		p.reportLocked()
+	}
+	pin := p.yielded
 	p.mu.Unlock()
-	if pulled || pin == "" {
+	for _, d := range back {
+		_ = r.c.nc.Publish(d.reply, ackPayload[ackNak])
+	}
+	if pin == "" {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 5*time.Second))
@@ -338,21 +376,19 @@ func (p *partition) letGo() {
 		case <-ctx.Done():
 		}
 	}()
-	info, err := p.info(ctx)
-	unpin := err == nil && pinnedIn(info) == pin
-	if unpin {
-		err = p.stream.UnpinConsumer(ctx, info.Name, partitionGroup)
-	}
+	unpinned, err := p.unpinIf(ctx, pin)
 	if err != nil {
 		r.c.cfg.logger.Warn("partition given up not unpinned yet; trying again", "subscription", r.sub.id, "partition", p.index, "err", err)
 		return
 	}
-	if unpin {
-		r.c.cfg.logger.Info("partition yielded to the receiver it is assigned to", "subscription", r.sub.id, "partition", p.index)
-	}
 	p.mu.Lock()
-	p.checkPinLocked(pin)
+	if p.yielded == pin {
+		p.yielded = ""
+	}
 	p.mu.Unlock()
+	if unpinned {
+		r.c.cfg.logger.Info("partition yielded to the receiver it is assigned to", "subscription", r.sub.id, "partition", p.index, "handed_back", len(back))
+	}
 }
 
 // tidy, at each of watchMembers' checks, finishes what yields left:
@@ -374,6 +410,9 @@ func (m *partitionedMode) tidy(ctx context.Context) {
 		}
 		p.mu.Lock()
 		pin, held := p.g.pin, len(p.g.held)
+		if pin == "" {
+			pin = p.yielded
+		}
 		p.mu.Unlock()
 		if pin != "" {
 			m.loops.Add(1)

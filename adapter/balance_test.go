@@ -65,3 +65,41 @@ func TestAssignPartitions(t *testing.T) {
 		t.Errorf("owner gone: %v", got)
 	}
 }
+
+// A receiver's view of the recorded owners takes its own write at once and
+// keeps the latest revision whatever order the watch brings them in; a
+// change of owner, and only that, wakes the assignment.
+func TestSetRecordedKeepsTheLatest(t *testing.T) {
+	m := &partitionedMode{recorded: make([]string, 2), recordedRev: make([]uint64, 2), rebalance: make(chan struct{}, 1)}
+	woke := func() bool {
+		select {
+		case <-m.rebalance:
+			return true
+		default:
+			return false
+		}
+	}
+	for _, step := range []struct {
+		i     int
+		rid   string
+		rev   uint64
+		owner string // partition 0's owner after
+		woke  bool
+	}{
+		{0, "b", 3, "b", true},  // another receiver's record
+		{0, "a", 5, "a", true},  // this receiver's own write, before the watch has it
+		{0, "b", 4, "a", false}, // an older record the watch brings after it
+		{0, "a", 5, "a", false}, // the watch brings the own write back
+		{0, "a", 6, "a", false}, // a new pin, the same owner
+		{0, "c", 8, "c", true},
+		{2, "d", 9, "c", false}, // no such partition
+	} {
+		m.setRecorded(step.i, step.rid, step.rev)
+		if got := m.currentOwners()[0]; got != step.owner {
+			t.Errorf("after %s at revision %d: owner %q, want %q", step.rid, step.rev, got, step.owner)
+		}
+		if w := woke(); w != step.woke {
+			t.Errorf("after %s at revision %d: woke %v, want %v", step.rid, step.rev, w, step.woke)
+		}
+	}
+}

@@ -75,19 +75,21 @@
 // delivery sequence means a delivery was lost on the way: a message unacked
 // at the server that no gate holds. Either way the owner fences: it starts
 // no handler until the consumer's count of unacked messages equals the
-// number it holds itself, unacked, and the first unacked message (the
-// first of the partition after the consumer's ack floor) is one of them.
-// Every message it holds and has not acked is unacked at the server, so
-// from then on every unacked message of the partition is in its hands, and
-// its gates see them all. An owner whose pull request is refused asks the
-// server who is pinned; if another client is, it hands its waiting
-// messages back at once and keeps extending those in handlers, so the new
-// owner waits for them to be acked. A dead owner's messages do not wait
-// for their deadline: its presence subject has no responders, and the new
-// owner has them redelivered at once (fast take-over, takeover.go). (The
-// count can be fooled by an owner that acks, late, a message its deadline
-// let the server redeliver elsewhere; the first-message check catches that
-// when the hidden message is the first unacked one. docs/RELIABILITY.md.)
+// number it holds itself, unacked, and the first unacked message (the first
+// of the partition after the consumer's ack floor) is one of them, and the
+// server still has its pin (looked at again once its owner record is
+// written: fast take-over, takeover.go). Every message it holds and has not
+// acked is unacked at the server, so from then on every unacked message of
+// the partition is in its hands, and its gates see them all. An owner whose
+// pull request is refused asks the server who is pinned; if another client
+// is, it hands its waiting messages back at once and keeps extending those
+// in handlers, so the new owner waits for them to be acked. A dead owner's
+// messages do not wait for their deadline: its presence subject has no
+// responders, and the new owner has them redelivered at once (fast
+// take-over, takeover.go). (The count can be fooled by an owner that acks,
+// late, a message its deadline let the server redeliver elsewhere; the
+// first-message check catches that when the hidden message is the first
+// unacked one. docs/RELIABILITY.md.)
 //
 // The gates and the fence are one state machine per partition (gates.go,
 // unit-tested on its own); partitioned.go feeds it what the server sends

@@ -74,9 +74,14 @@ type partitionedMode struct {
 	// (watchMembers alone uses it after start).
 	unrecorded bool
 	// recorded are the partitions' recorded owners (presence ids), as
-	// watchOwners reads them, for the assignment to keep them.
-	recordedMu sync.Mutex
-	recorded   []string
+	// watchOwners reads them and as this receiver writes them, for the
+	// assignment to keep them; recordedRev their records' revisions.
+	recordedMu  sync.Mutex
+	recorded    []string
+	recordedRev []uint64
+	// rebalance wakes watchMembers to follow the assignment again: a
+	// recorded owner changed.
+	rebalance chan struct{}
 
 	confirmMu   sync.Mutex
 	confirmQ    []*delivery // acked, waiting for the server to have the ack
@@ -95,7 +100,7 @@ type partitionedMode struct {
 var _ keyedDelivery = (*partitionedMode)(nil)
 
 func newPartitionedMode(r *receiver) *partitionedMode {
-	return &partitionedMode{r: r, confirmWake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	return &partitionedMode{r: r, confirmWake: make(chan struct{}, 1), rebalance: make(chan struct{}, 1), stopped: make(chan struct{})}
 }
 
 // partition is one partition of a partitioned subscription, as one Receive
@@ -123,6 +128,9 @@ type partition struct {
 	recordedPin string
 	// checkingPin is set while checkPin asks the server who owns it.
 	checkingPin bool
+	// yielded is the pin of the term letGo ended to give the partition
+	// up, until the server is found without it (unpinned).
+	yielded string
 	// what report last added to the shared stats
 	owned    bool
 	full     bool
@@ -157,7 +165,7 @@ func (m *partitionedMode) start(ctx context.Context) error {
 		}
 		m.parts = append(m.parts, p)
 	}
-	m.recorded = make([]string, len(m.parts))
+	m.recorded, m.recordedRev = make([]string, len(m.parts)), make([]uint64, len(m.parts))
 	w, err := m.join(ctx)
 	if err != nil {
 		return fmt.Errorf("record member: %w", err)
@@ -520,15 +528,37 @@ func (p *partition) fence(n int) {
 		}
 		liftable := err == nil && p.g.liftable(n, a)
 		pin, recorded := p.g.pin, p.recordedPin
+		if err == nil && pinnedIn(info) != pin {
+			// The server has moved the pin on, or unpinned the partition
+			// (a yield, a take-over): nothing of this term starts, and
+			// checkPin settles whether it is over.
+			liftable = false
+			p.checkPinLocked(pin)
+		}
 		p.mu.Unlock()
 		if liftable && pin != recorded {
 			// Recorded before any handler of the term starts, so that a
 			// later owner asks whether this receiver is gone, not the one
 			// before it.
 			rctx, rcancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
-			if err = p.recordOwner(rctx, pin); err != nil {
+			if err = p.recordOwner(rctx, pin); err == nil {
+				// And the pin still ours once the record is written: a
+				// receiver pinned after the unpin that may have come
+				// meanwhile could have looked for the record before it
+				// was there, and, finding none, hands back every message
+				// it does not hold, those this term would start too. One
+				// pinned after this look finds the record.
+				var now *jetstream.ConsumerInfo
+				if now, err = p.info(rctx); err == nil && pinnedIn(now) != pin {
+					liftable = false
+					p.mu.Lock()
+					p.checkPinLocked(pin)
+					p.mu.Unlock()
+				}
+			}
+			if err != nil {
 				liftable = false
-				r.c.cfg.logger.Debug("owner record not written; the fence stays", "subscription", r.sub.id, "partition", p.index, "err", err)
+				r.c.cfg.logger.Debug("owner record not written, or the pin not confirmed after it; the fence stays", "subscription", r.sub.id, "partition", p.index, "err", err)
 			}
 			rcancel()
 		}

@@ -98,8 +98,15 @@ func (p *partition) recordedOwner(ctx context.Context) (rec ownerRecord, found b
 
 // recordOwner writes this receiver, with pin, as partition p's owner.
 func (p *partition) recordOwner(ctx context.Context, pin string) error {
-	_, err := p.m.owners.Put(ctx, p.m.ownerKey(p.index), []byte(ownerRecord{p.m.rid(), pin}.String()))
-	return err
+	rev, err := p.m.owners.Put(ctx, p.m.ownerKey(p.index), []byte(ownerRecord{p.m.rid(), pin}.String()))
+	if err != nil {
+		return err
+	}
+	// The assignment counts it now, not once the watch brings it back:
+	// until then this receiver's view of who holds what would differ
+	// from the others'.
+	p.m.setRecorded(p.index, p.m.rid(), rev)
+	return nil
 }
 
 // freeGoneOwners nacks every unacked message of the partition that this
@@ -209,7 +216,7 @@ func (m *partitionedMode) watchOwners() {
 				i, err := strconv.Atoi(strings.TrimPrefix(e.Key(), prefix))
 				if rec, ok := parseOwnerRecord(e.Value()); err == nil && ok {
 					records[i] = rec
-					m.setRecorded(i, rec.receiver)
+					m.setRecorded(i, rec.receiver, e.Revision())
 				}
 				continue
 			}
@@ -379,11 +386,17 @@ func (p *partition) takeFromGone(rec ownerRecord) (quiet bool) {
 		// time; after unrecordedPinGrace it is unpinned, and whoever is
 		// pinned next frees the gone owner's messages in its fence. (With
 		// no record at all, every holder so far was such a one.)
-		if at := pinnedAt(info); at.IsZero() || time.Since(at) < unrecordedPinGrace {
+		//
+		// Only a receiver pulling the partition does this: it is the one
+		// the pin holds up, and several receivers unpinning the same pin
+		// could unpin the receiver pinned after the first unpin instead.
+		if at := pinnedAt(info); at.IsZero() || time.Since(at) < unrecordedPinGrace || !p.pulled() {
 			return
 		}
-		if err := p.stream.UnpinConsumer(ctx, info.Name, partitionGroup); err != nil {
-			r.c.cfg.logger.Debug("unpin of a partition pinned to a receiver that never took it over failed", "subscription", r.sub.id, "partition", p.index, "err", err)
+		if unpinned, err := p.unpinIf(ctx, pinned); err != nil || !unpinned {
+			if err != nil {
+				r.c.cfg.logger.Debug("unpin of a partition pinned to a receiver that never took it over failed", "subscription", r.sub.id, "partition", p.index, "err", err)
+			}
 			return
 		}
 		r.c.cfg.logger.Info("partition pinned to a receiver that has not taken it over for a while, after its owner left or before any owner: unpinned it",
@@ -391,9 +404,13 @@ func (p *partition) takeFromGone(rec ownerRecord) (quiet bool) {
 		return
 	}
 	if pinned != "" {
-		if err := p.stream.UnpinConsumer(ctx, info.Name, partitionGroup); err != nil {
+		unpinned, err := p.unpinIf(ctx, pinned)
+		if err != nil {
 			r.c.cfg.logger.Debug("unpin of a gone owner's partition failed", "subscription", r.sub.id, "partition", p.index, "err", err)
 			return
+		}
+		if !unpinned {
+			return // another receiver unpinned it first: the new owner frees what the gone one held
 		}
 		r.c.cfg.logger.Info("partition owner is gone: unpinned it to take it over", "subscription", r.sub.id, "partition", p.index, "previous_owner", rec.receiver)
 	}
@@ -401,4 +418,28 @@ func (p *partition) takeFromGone(rec ownerRecord) (quiet bool) {
 		p.nackUnheld(ctx, info, rec)
 	}
 	return false
+}
+
+// unpinIf unpins the partition if the server still has pin, as asked just
+// before. An unpin names no pin: it takes whatever pin the server has when
+// it arrives. The caller decided on an earlier look (and another receiver
+// may have unpinned the same pin meanwhile, letting a new owner in), so
+// the pin is looked at again right before, which leaves a round trip, not
+// the whole decision, for the pin to change in.
+func (p *partition) unpinIf(ctx context.Context, pin string) (bool, error) {
+	info, err := p.info(ctx)
+	if err != nil {
+		return false, err
+	}
+	if pinnedIn(info) != pin {
+		return false, nil
+	}
+	return true, p.stream.UnpinConsumer(ctx, info.Name, partitionGroup)
+}
+
+// pulled reports whether this receiver pulls the partition.
+func (p *partition) pulled() bool {
+	p.m.pullMu.Lock()
+	defer p.m.pullMu.Unlock()
+	return p.cc != nil
 }
