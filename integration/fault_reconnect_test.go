@@ -173,8 +173,10 @@ func TestFaultConfigReadAskedAgain(t *testing.T) {
 		_, err := sub.Config(ctx)
 		done <- err
 	}()
-	time.Sleep(300 * time.Millisecond) // the request is at the server, its reply held
-	proxy.Cut()                        // and lost with the connection
+	// The request is at the server, its reply held, and then lost with
+	// the connection.
+	testutil.Eventually(t, 10*time.Second, proxy.HeldBack, "no reply held back: the read's request never reached the server")
+	proxy.Cut()
 	select {
 	case err := <-done:
 		if err != nil {

@@ -20,6 +20,7 @@ type Proxy struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	held    bool
+	waiting int // replies read and held back
 	blocked bool
 	conns   map[net.Conn]struct{}
 	done    bool
@@ -51,6 +52,14 @@ func (p *Proxy) HoldReplies() {
 	p.mu.Lock()
 	p.held = true
 	p.mu.Unlock()
+}
+
+// HeldBack reports whether a reply from the server is being held back
+// (HoldReplies): what the client sent reached the server, which answered.
+func (p *Proxy) HeldBack() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held && p.waiting > 0
 }
 
 // ReleaseReplies forwards everything held, and later replies at once.
@@ -160,9 +169,11 @@ func (p *Proxy) forward(dst, src net.Conn, replies bool) {
 		if n > 0 {
 			if replies {
 				p.mu.Lock()
+				p.waiting++
 				for p.held && !p.done {
 					p.cond.Wait()
 				}
+				p.waiting--
 				p.mu.Unlock()
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
