@@ -148,6 +148,9 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 			d.home.confirmLater(d)
 			return
 		}
+		if _, perKey := d.r.mode.(*perKeyMode); perKey && (kind == ackAck || kind == ackTerminate) {
+			d.r.noteAck(d)
+		}
 		d.home.release(d, false)
 		if err := d.r.c.nc.Publish(d.reply, payload); err != nil {
 			d.r.ackWarn.warn(d.r.c.cfg.logger, "ack not sent; the message will be redelivered", "subscription", d.r.sub.id, "err", err)

@@ -49,7 +49,7 @@ func newKeyedDelivery(r *receiver) keyedDelivery {
 	case r.rec.partitioned():
 		return newPartitionedMode(r)
 	case r.rec.Ordering:
-		return &perKeyMode{r: r}
+		return &perKeyMode{r: r, peers: make(map[string]bool)}
 	}
 	return nil
 }
@@ -65,6 +65,13 @@ type perKeyMode struct {
 	members jetstream.KeyValue // the state bucket, which holds member records
 	cancel  context.CancelFunc
 	done    sync.WaitGroup
+
+	// peers are the subscription's other members, by presence id, as
+	// watchPeers last read their records; peersKnown once it has read
+	// them all.
+	peersMu    sync.Mutex
+	peers      map[string]bool
+	peersKnown bool
 }
 
 var _ keyedDelivery = (*perKeyMode)(nil)
@@ -78,6 +85,7 @@ func (m *perKeyMode) start(ctx context.Context) error {
 	o := newDiscoverer(m.r)
 	o.members = m.members
 	m.done.Go(func() { o.run(octx) })
+	m.done.Go(func() { m.watchPeers(octx) })
 	return nil
 }
 

@@ -151,7 +151,10 @@ type receiver struct {
 	held  map[heldKey]*delivery // pushed messages held
 	// revoked are deliveries a per-key take-over handed back while they
 	// were on their way here: they must not start (takeover_perkey.go).
-	revoked  map[heldKey]revocation
+	revoked map[heldKey]revocation
+	// lastAcks are, per consumer, the last message a handler acked
+	// (noteAck), for hold checks.
+	lastAcks map[string]lastAck
 	stopping bool
 	fatal    error
 	fatalSet chan struct{}
@@ -210,6 +213,7 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 
 			held:       make(map[heldKey]*delivery),
 			revoked:    make(map[heldKey]revocation),
+			lastAcks:   make(map[string]lastAck),
 			fatalSet:   make(chan struct{}),
 			superseded: make(chan struct{}),
 		}
@@ -588,10 +592,22 @@ func (r *receiver) staleCheckAge() time.Duration {
 // receiver does (gates.done); any other stale delivery is dropped, its
 // newer delivery being the one that counts.
 //
+// A redelivery the consumer still counts as due may yet meet its earlier
+// delivery: still in another receiver's handler (whose deadline extensions
+// a paused or cut-off server did not pass on), or on its way there. So the
+// other receivers are asked too (perKeyMode.heldElsewhere): one that holds
+// the message keeps it, and the redelivery is dropped; one that acked it
+// lately has it acked again; and each that does not hold it drops the
+// earlier delivery should it come. A receiver that neither answers nor is
+// gone within the time below has the redelivery dropped: the message comes
+// again after its ack deadline, and is asked about again.
+//
 // The consumer is asked for up to min(ack deadline / 4, 2 s); when it does
 // not answer (a cluster electing its leaders), the delivery is handed over
 // unasked, as the receiver did before it asked: dropping it would hold
 // its key until the deadline, again and again while the cluster is busy.
+// A redelivery is still checked with the other receivers, who answer
+// without the cluster's JetStream.
 func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 	seq, dseq := meta.Sequence.Stream, meta.Sequence.Consumer
 	giveUp := time.Now().Add(min(r.rec.ackDeadline()/4, 2*time.Second))
@@ -605,7 +621,29 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			lostAck := meta.NumDelivered > 1 && !overtaken && info.Delivered.Stream > seq
 			if !acked && !overtaken && !lostAck {
 				cancel()
-				return true
+				if meta.NumDelivered == 1 {
+					return true
+				}
+				held, err := r.redeliveryHeldElsewhere(m, meta)
+				switch {
+				case err == nil && held == heldByNone:
+					return true
+				case err == nil:
+					r.c.cfg.logger.Debug("key consumer redelivery dropped: another receiver holds the message, or acked it",
+						"subscription", r.sub.id, "consumer", meta.Consumer, "seq", seq, "dseq", dseq, "acked", held == ackedByPeer)
+					return false
+				case time.Now().After(giveUp):
+					// Its next delivery asks again.
+					r.c.cfg.logger.Debug("key consumer redelivery dropped: a receiver that may hold the message did not answer", "subscription", r.sub.id,
+						"consumer", meta.Consumer, "seq", seq, "err", err)
+					return false
+				}
+				select {
+				case <-r.hctx.Done():
+					return false
+				case <-time.After(250 * time.Millisecond):
+				}
+				continue
 			}
 			r.c.cfg.logger.Debug("key consumer delivery no longer due: dropped", "subscription", r.sub.id,
 				"consumer", meta.Consumer, "seq", seq, "dseq", dseq, "attempt", meta.NumDelivered, "delivered", info.Delivered.Stream,
@@ -623,6 +661,14 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			return false // gone with its messages, or Receive is ending
 		}
 		if time.Now().After(giveUp) {
+			if meta.NumDelivered > 1 {
+				// The other receivers answer while the cluster is busy.
+				if held, herr := r.redeliveryHeldElsewhere(m, meta); herr != nil || held != heldByNone {
+					r.c.cfg.logger.Debug("key consumer redelivery dropped: its consumer did not answer, and another receiver holds the message, acked it or did not answer",
+						"subscription", r.sub.id, "consumer", meta.Consumer, "seq", seq, "err", err, "receivers", herr)
+					return false
+				}
+			}
 			r.c.cfg.logger.Debug("key consumer delivery handed over unasked: its consumer did not answer", "subscription", r.sub.id,
 				"consumer", meta.Consumer, "seq", seq, "err", err)
 			return true
@@ -633,6 +679,23 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// redeliveryHeldElsewhere asks the other receivers of the subscription
+// whether they hold m's message (perKeyMode.heldElsewhere); acked by one,
+// m is acked again unseen.
+func (r *receiver) redeliveryHeldElsewhere(m *nats.Msg, meta *nats.MsgMetadata) (holdAnswer, error) {
+	pk, ok := r.mode.(*perKeyMode)
+	if !ok {
+		return heldByNone, nil
+	}
+	ctx, cancel := context.WithTimeout(r.hctx, min(r.rec.ackDeadline()/4, time.Second))
+	defer cancel()
+	held, err := pk.heldElsewhere(ctx, holdCheck{consumer: meta.Consumer, seq: meta.Sequence.Stream, dseq: meta.Sequence.Consumer})
+	if err == nil && held == ackedByPeer {
+		_, _ = r.c.nc.RequestWithContext(ctx, m.Reply, ackPayload[ackAck])
+	}
+	return held, err
 }
 
 // arrive takes a pushed message in: held, and handed to a handler.

@@ -89,7 +89,25 @@ func TestKeyDeliveryDue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &receiver{c: c, sub: sub, rec: rec, hctx: ctx}
+	// The receiver asking is another member of the subscription, beside
+	// the Receive call above, which holds m1.
+	r := &receiver{c: c, sub: sub, rec: rec, hctx: ctx, presence: newPresence(nc)}
+	pk := &perKeyMode{r: r, peers: make(map[string]bool), peersKnown: true}
+	r.mode = pk
+	kv, err := c.stateBucket(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.ListKeysFiltered(ctx, sub.memberPrefix()+"*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range keys.Keys() {
+		pk.peers[strings.TrimPrefix(k, sub.memberPrefix())] = true
+	}
+	if len(pk.peers) != 1 {
+		t.Fatalf("members %v, want the one Receive call", pk.peers)
+	}
 	delivery := func(attempt, seq, dseq uint64, stored time.Time) (*nats.Msg, *nats.MsgMetadata) {
 		m := &nats.Msg{Subject: "deliver", Sub: &nats.Subscription{}, Reply: fmt.Sprintf("$JS.ACK.%s.%s.%d.%d.%d.%d.0", stream, info.Name, attempt, seq, dseq, stored.UnixNano())}
 		meta, err := m.Metadata()
@@ -109,11 +127,17 @@ func TestKeyDeliveryDue(t *testing.T) {
 		{"a redelivery of m0, acked and passed", 2, 1, cur + 1, time.Now(), false},
 		{"an earlier delivery of m1, delivered again since", 1, 2, cur - 1, time.Now().Add(-time.Minute), false},
 		{"m1's current delivery", 1, 2, cur, time.Now().Add(-time.Minute), true},
-		{"a delivery the consumer's state does not show yet", 2, 2, cur + 1, time.Now(), true},
+		{"a redelivery of m1 the consumer's state does not show yet, while another receiver holds m1", 2, 2, cur + 1, time.Now(), false},
 	} {
 		m, meta := delivery(d.attempt, d.seq, d.dseq, d.stored)
 		if due := r.keyDeliveryDue(m, meta); due != d.due {
 			t.Errorf("%s: due %v, want %v", d.what, due, d.due)
 		}
+	}
+	// With no other member to hold it, the redelivery is due.
+	clear(pk.peers)
+	m, meta := delivery(2, 2, cur+1, time.Now())
+	if !r.keyDeliveryDue(m, meta) {
+		t.Error("a redelivery of m1 no other receiver holds: not due")
 	}
 }

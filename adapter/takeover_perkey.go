@@ -3,6 +3,7 @@ package adapter
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -69,9 +70,12 @@ func encodeHoldChecks(cs []holdCheck) []byte {
 	return b.Bytes()
 }
 
-// answerHoldCheck answers a sweep's hold check (a line "consumer seq dseq"
-// per message): the lines "consumer seq" of the messages this receiver
-// holds. Every other one it revokes.
+// answerHoldCheck answers a hold check (a line "consumer seq dseq" per
+// message), a sweep's or a receiver's about a redelivery it got
+// (receiver.heldElsewhere): the lines "consumer seq" of the messages this
+// receiver holds, and "consumer seq acked" of those it acked lately, as
+// its consumer's last ack (their acks may not have reached the server
+// yet). Every one it does not hold it revokes.
 func (r *receiver) answerHoldCheck(req []byte) []byte {
 	var held bytes.Buffer
 	now := time.Now()
@@ -92,6 +96,9 @@ func (r *receiver) answerHoldCheck(req []byte) []byte {
 			fmt.Fprintf(&held, "%s %d\n", f[0], seq)
 			continue
 		}
+		if a, ok := r.lastAcks[k.consumer]; ok && a.seq == seq {
+			fmt.Fprintf(&held, "%s %d acked\n", f[0], seq)
+		}
 		if rv := r.revoked[k]; rv.upTo < dseq {
 			r.revoked[k] = revocation{upTo: dseq, at: now}
 		}
@@ -106,7 +113,8 @@ func (r *receiver) revokedLocked(k heldKey, dseq uint64) bool {
 	return ok && dseq <= rv.upTo
 }
 
-// forgetRevocations drops revocations older than revocationLife.
+// forgetRevocations drops revocations, and last acks, older than
+// revocationLife.
 func (r *receiver) forgetRevocations() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -115,6 +123,27 @@ func (r *receiver) forgetRevocations() {
 			delete(r.revoked, k)
 		}
 	}
+	for c, a := range r.lastAcks {
+		if time.Since(a.at) > revocationLife {
+			delete(r.lastAcks, c)
+		}
+	}
+}
+
+// lastAck is the last message of a consumer a handler of this receiver
+// acked (or terminated), and when.
+type lastAck struct {
+	seq uint64
+	at  time.Time
+}
+
+// noteAck records d's ack as its consumer's last, before d is released:
+// a hold check sees d held, or acked, never neither while the ack is on
+// its way.
+func (r *receiver) noteAck(d *delivery) {
+	r.mu.Lock()
+	r.lastAcks[d.key.consumer] = lastAck{seq: d.key.seq, at: time.Now()}
+	r.mu.Unlock()
 }
 
 // join records this receiver as a member of the subscription.
@@ -328,13 +357,136 @@ func (o *discoverer) askMembers(ctx context.Context, dead string, checks []holdC
 				}
 				answer = a
 			}
-			for line := range strings.Lines(string(answer)) {
-				name, seq, ok := strings.Cut(strings.TrimSpace(line), " ")
-				if n, err := strconv.ParseUint(seq, 10, 64); ok && err == nil {
-					held[heldKey{consumer: name, seq: n}] = true
+			for k, acked := range parseHoldAnswer(answer) {
+				// A message acked lately is not held: its ack may be one
+				// a restarted server lost, which is what a sweep is for.
+				if !acked {
+					held[k] = true
 				}
 			}
 		}
 	}
 	return held, nil
+}
+
+// parseHoldAnswer reads a hold check's answer (answerHoldCheck): the
+// messages held, and (true) those acked lately.
+func parseHoldAnswer(answer []byte) map[heldKey]bool {
+	out := make(map[heldKey]bool)
+	for line := range strings.Lines(string(answer)) {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		n, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		k := heldKey{consumer: f[0], seq: n}
+		out[k] = out[k] || len(f) == 3 && f[2] == "acked"
+	}
+	return out
+}
+
+// watchPeers keeps m.peers, the members heldElsewhere asks, from their
+// records, while ctx lasts.
+func (m *perKeyMode) watchPeers(ctx context.Context) {
+	prefix := m.r.sub.memberPrefix()
+	var w jetstream.KeyWatcher
+	for {
+		var err error
+		if w, err = m.members.Watch(ctx, prefix+"*"); err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			m.peersMu.Lock()
+			switch {
+			case e == nil: // every record read
+				m.peersKnown = true
+			case strings.TrimPrefix(e.Key(), prefix) == m.r.presence.id:
+			case e.Operation() == jetstream.KeyValuePut:
+				m.peers[strings.TrimPrefix(e.Key(), prefix)] = true
+			default:
+				delete(m.peers, strings.TrimPrefix(e.Key(), prefix))
+			}
+			m.peersMu.Unlock()
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// holdAnswer is what the other members say of a message (heldElsewhere).
+type holdAnswer int
+
+const (
+	heldByNone  holdAnswer = iota
+	ackedByPeer            // a member's handler acked it lately
+	heldByPeer             // a member holds it: in a handler, or waiting for one
+)
+
+// errPeersUnknown: the member records have not been read yet.
+var errPeersUnknown = errors.New("the subscription's members are not known yet")
+
+// heldElsewhere asks every other member of the subscription whether it
+// holds c's message, or acked it lately; every member that does not hold
+// it revokes its deliveries of the message up to c.dseq, so an earlier
+// delivery still on its way there is dropped on arrival. A receiver asks
+// before it hands a redelivery to a handler (keyDeliveryDue): the earlier
+// delivery may still be in another member's hands, its ack deadline
+// having passed while that member's server was paused or cut off, or
+// reach it only now. The member's lock orders the two: it either holds
+// the earlier delivery when asked, or drops it when it comes. An error
+// says a member neither answered nor is gone.
+func (m *perKeyMode) heldElsewhere(ctx context.Context, c holdCheck) (holdAnswer, error) {
+	m.peersMu.Lock()
+	if !m.peersKnown {
+		m.peersMu.Unlock()
+		return heldByNone, errPeersUnknown
+	}
+	ids := make([]string, 0, len(m.peers))
+	for id := range m.peers {
+		ids = append(ids, id)
+	}
+	m.peersMu.Unlock()
+	req := encodeHoldChecks([]holdCheck{c})
+	k := heldKey{consumer: c.consumer, seq: c.seq}
+	answers := make([]holdAnswer, len(ids))
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Go(func() {
+			a, gone, err := m.r.presence.ask(ctx, id, req)
+			switch acked, ok := parseHoldAnswer(a)[k]; {
+			case err != nil:
+				errs[i] = fmt.Errorf("member %s: %w", id, err)
+			case gone || !ok:
+			case acked:
+				answers[i] = ackedByPeer
+			default:
+				answers[i] = heldByPeer
+			}
+		})
+	}
+	wg.Wait()
+	out := heldByNone
+	for _, a := range answers {
+		out = max(out, a)
+	}
+	if out != heldByNone {
+		return out, nil // whatever the members that did not answer hold
+	}
+	return heldByNone, errors.Join(errs...)
 }

@@ -10,7 +10,7 @@ import (
 // sweep saw, so a late arrival of that delivery is dropped and only the
 // redelivery the nack brings runs.
 func TestAnswerHoldCheck(t *testing.T) {
-	r := &receiver{held: map[heldKey]*delivery{}, revoked: map[heldKey]revocation{}}
+	r := &receiver{held: map[heldKey]*delivery{}, revoked: map[heldKey]revocation{}, lastAcks: map[string]lastAck{}}
 	heldMsg := heldKey{consumer: "c1", seq: 10}
 	r.held[heldMsg] = &delivery{}
 
@@ -48,5 +48,28 @@ func TestAnswerHoldCheck(t *testing.T) {
 	r.forgetRevocations()
 	if r.revokedLocked(onTheWay, 7) {
 		t.Fatal("an old revocation was kept")
+	}
+}
+
+// A message a handler acked lately is answered as acked, so a receiver
+// given its redelivery acks that again unseen; a sweep counts it as not
+// held (its ack may be one a restarted server lost).
+func TestAnswerHoldCheckAcked(t *testing.T) {
+	r := &receiver{held: map[heldKey]*delivery{}, revoked: map[heldKey]revocation{}, lastAcks: map[string]lastAck{}}
+	d := &delivery{key: heldKey{consumer: "c1", seq: 10}}
+	r.held[d.key] = d
+	r.noteAck(d)
+	if got := parseHoldAnswer(r.answerHoldCheck([]byte("c1 10 3\n"))); len(got) != 1 || got[d.key] {
+		t.Fatalf("held and acked: answer %v, want held", got)
+	}
+	delete(r.held, d.key)
+	got := parseHoldAnswer(r.answerHoldCheck([]byte("c1 10 3\nc1 9 2\n")))
+	if acked, ok := got[d.key]; len(got) != 1 || !ok || !acked {
+		t.Fatalf("acked: answer %v, want message 10 acked alone", got)
+	}
+	r.lastAcks["c1"] = lastAck{seq: 10, at: time.Now().Add(-revocationLife - time.Second)}
+	r.forgetRevocations()
+	if got := r.answerHoldCheck([]byte("c1 10 3\n")); len(got) != 0 {
+		t.Fatalf("an old ack was kept: answer %q", got)
 	}
 }

@@ -77,6 +77,15 @@ func (b *bench) modes() chart {
 			t.rawSplit = b.rawStreamPerPartition(t.keys, t.msgs, partitionsOf(adapter.DeliveryPartitioned))
 			fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (a stream per partition, one pull consumer each without a filter, MaxAckPending %d, no key gating)\n",
 				"raw-split", t.rawSplit, t.rawSplit/t.raw, defaultPartitionBuffer)
+			t.rawOneMulti = b.rawOneConsumer(t.keys, t.msgs, partitionsOf(adapter.DeliveryPartitioned), everyPartition)
+			fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (one pull consumer with every partition's filter subject, MaxAckPending %d, no key gating)\n",
+				"raw-one", t.rawOneMulti, t.rawOneMulti/t.raw, defaultPartitionBuffer)
+			t.rawOneKeyed = b.rawOneConsumer(t.keys, t.msgs, partitionsOf(adapter.DeliveryPartitioned), keyedOnly)
+			fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (one pull consumer with the topic's keyed filter, MaxAckPending %d, no key gating)\n",
+				"raw-keyed", t.rawOneKeyed, t.rawOneKeyed/t.raw, defaultPartitionBuffer)
+			t.rawOneAll = b.rawOneConsumer(t.keys, t.msgs, partitionsOf(adapter.DeliveryPartitioned), noFilter)
+			fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (one pull consumer of the topic without a filter, MaxAckPending %d, no key gating)\n",
+				"raw-topic", t.rawOneAll, t.rawOneAll/t.raw, defaultPartitionBuffer)
 		}
 		t.modes = map[adapter.DeliveryMode]throughputResult{}
 		for _, mode := range deliveryModes {
@@ -454,6 +463,9 @@ type throughputCase struct {
 	layoutBaseline bool
 	rawLayout      float64
 	rawSplit       float64 // rawStreamPerPartition
+	rawOneMulti    float64 // rawOneConsumer with every partition's filter
+	rawOneKeyed    float64 // rawOneConsumer with the keyed filter
+	rawOneAll      float64 // rawOneConsumer without a filter
 	modes          map[adapter.DeliveryMode]throughputResult
 }
 
@@ -526,6 +538,40 @@ func (b *bench) rawStreamPerPartition(keys, msgs, partitions int) float64 {
 		consumers = append(consumers, cons)
 	}
 	return consumeAndAck(msgs, consumers...)
+}
+
+// oneFilter is what rawOneConsumer's consumer filters on.
+type oneFilter int
+
+const (
+	everyPartition oneFilter = iota // the partitions' filters, as a receiver holding them all would list them
+	keyedOnly                       // one filter for every keyed message of the topic
+	noFilter                        // none: the topic's whole stream
+)
+
+// rawOneConsumer is rawPartitionLayout with one pull consumer over every
+// partition, the ceiling of a layout with one consumer per receiving
+// process, filtering as filter says.
+func (b *bench) rawOneConsumer(keys, msgs, partitions int, filter oneFilter) float64 {
+	ctx := context.Background()
+	topicID := b.name("modes-one")
+	topic, err := b.client.CreateTopic(ctx, topicID)
+	check(err)
+	defer func() { _ = topic.Delete(ctx) }()
+	subject, hdr := keyed(topicID, "key", keys)
+	b.fill(subject, hdr, msgs)
+	cfg := jetstream.ConsumerConfig{Durable: "one", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: defaultPartitionBuffer}
+	switch filter {
+	case everyPartition:
+		for i := range partitions {
+			cfg.FilterSubjects = append(cfg.FilterSubjects, keyrouter.PartitionFilter(project, topicID, partitions, i))
+		}
+	case keyedOnly:
+		cfg.FilterSubject = keyrouter.KeyedFilter(project, topicID)
+	}
+	cons, err := b.js.CreateConsumer(ctx, keyrouter.StreamName(project, topicID), cfg)
+	check(err)
+	return consumeAndAck(msgs, cons)
 }
 
 // modeThroughput times an ordered subscription in mode delivering msgs
@@ -643,6 +689,12 @@ func (s *modesSummary) print() {
 				fmt.Sprintf("%.2fx of that", t.modes[adapter.DeliveryPartitioned].rate/t.rawLayout), "")
 			fmt.Printf(row, "   raw, a stream per partition", fmt.Sprintf("%.0f (%s)", t.rawSplit, ratio(t.rawSplit/t.raw)),
 				fmt.Sprintf("%.2fx of that", t.modes[adapter.DeliveryPartitioned].rate/t.rawSplit), "")
+			fmt.Printf(row, "   raw, one consumer, every filter", fmt.Sprintf("%.0f (%s)", t.rawOneMulti, ratio(t.rawOneMulti/t.raw)),
+				fmt.Sprintf("%.2fx of that", t.modes[adapter.DeliveryPartitioned].rate/t.rawOneMulti), "")
+			fmt.Printf(row, "   raw, one consumer, keyed filter", fmt.Sprintf("%.0f (%s)", t.rawOneKeyed, ratio(t.rawOneKeyed/t.raw)),
+				fmt.Sprintf("%.2fx of that", t.modes[adapter.DeliveryPartitioned].rate/t.rawOneKeyed), "")
+			fmt.Printf(row, "   raw, one consumer, no filter", fmt.Sprintf("%.0f (%s)", t.rawOneAll, ratio(t.rawOneAll/t.raw)),
+				fmt.Sprintf("%.2fx of that", t.modes[adapter.DeliveryPartitioned].rate/t.rawOneAll), "")
 		}
 	}
 
@@ -697,7 +749,8 @@ func (s *modesSummary) chart() chart {
 		if t.layoutBaseline {
 			g.bars = append(g.bars, baseBar(fmt.Sprintf("raw, the partitions' %d filters", partitionsOf(adapter.DeliveryPartitioned)), t.rawLayout,
 				vs(t.rawLayout/t.raw, "raw")),
-				baseBar(fmt.Sprintf("raw, a stream per partition (%d)", partitionsOf(adapter.DeliveryPartitioned)), t.rawSplit, vs(t.rawSplit/t.raw, "raw")))
+				baseBar(fmt.Sprintf("raw, a stream per partition (%d)", partitionsOf(adapter.DeliveryPartitioned)), t.rawSplit, vs(t.rawSplit/t.raw, "raw")),
+				baseBar("raw, one consumer with every partition's filter", t.rawOneMulti, vs(t.rawOneMulti/t.raw, "raw")))
 		}
 		for _, m := range deliveryModes {
 			r := t.modes[m]

@@ -42,6 +42,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Checker records deliveries and reports violations.
@@ -127,7 +128,8 @@ func (c *Checker) sub(name string) *subState {
 
 func (c *Checker) violate(format string, args ...any) {
 	if len(c.violations) < c.maxViol {
-		c.violations = append(c.violations, fmt.Sprintf(format, args...))
+		// The time of day, to find the moment in the logs of a long run.
+		c.violations = append(c.violations, time.Now().Format("15:04:05.000 ")+fmt.Sprintf(format, args...))
 	}
 }
 
