@@ -85,7 +85,11 @@ func (m *perKeyMode) start(ctx context.Context) error {
 	o := newDiscoverer(m.r)
 	o.members = m.members
 	m.done.Go(func() { o.run(octx) })
-	m.done.Go(func() { m.watchPeers(octx) })
+	// Started now, so that it reads the records from before any
+	// redelivery can arrive. Without it, they are listed when needed.
+	if w, err := m.members.Watch(octx, m.r.sub.memberPrefix()+"*"); err == nil {
+		m.done.Go(func() { m.watchPeers(octx, w) })
+	}
 	return nil
 }
 

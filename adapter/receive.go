@@ -640,7 +640,7 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 				}
 				select {
 				case <-r.hctx.Done():
-					return false
+					return r.handBackUnasked(m)
 				case <-time.After(250 * time.Millisecond):
 				}
 				continue
@@ -657,8 +657,11 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			return false
 		}
 		cancel()
-		if errors.Is(err, jetstream.ErrConsumerNotFound) || r.hctx.Err() != nil {
-			return false // gone with its messages, or Receive is ending
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return false // gone with its messages
+		}
+		if r.hctx.Err() != nil {
+			return r.handBackUnasked(m)
 		}
 		if time.Now().After(giveUp) {
 			if meta.NumDelivered > 1 {
@@ -675,10 +678,18 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 		}
 		select {
 		case <-r.hctx.Done():
-			return false
+			return r.handBackUnasked(m)
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// handBackUnasked hands back a key consumer's delivery that Receive ended
+// before it was found due or not: redelivered at once, not after its ack
+// deadline, and asked about by whoever gets it. It returns false.
+func (r *receiver) handBackUnasked(m *nats.Msg) bool {
+	_ = r.c.nc.Publish(m.Reply, handBackPayload)
+	return false
 }
 
 // redeliveryHeldElsewhere asks the other receivers of the subscription

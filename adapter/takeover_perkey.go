@@ -389,21 +389,9 @@ func parseHoldAnswer(answer []byte) map[heldKey]bool {
 }
 
 // watchPeers keeps m.peers, the members heldElsewhere asks, from their
-// records, while ctx lasts.
-func (m *perKeyMode) watchPeers(ctx context.Context) {
+// records, with w (a watch of them), until ctx ends.
+func (m *perKeyMode) watchPeers(ctx context.Context, w jetstream.KeyWatcher) {
 	prefix := m.r.sub.memberPrefix()
-	var w jetstream.KeyWatcher
-	for {
-		var err error
-		if w, err = m.members.Watch(ctx, prefix+"*"); err == nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
-	}
 	defer func() { _ = w.Stop() }()
 	for {
 		select {
@@ -437,8 +425,33 @@ const (
 	heldByPeer             // a member holds it: in a handler, or waiting for one
 )
 
-// errPeersUnknown: the member records have not been read yet.
-var errPeersUnknown = errors.New("the subscription's members are not known yet")
+// peerIDs are the other members' presence ids: as watchPeers has read
+// them, or, before it has read them all, as listed now.
+func (m *perKeyMode) peerIDs(ctx context.Context) ([]string, error) {
+	var ids []string
+	m.peersMu.Lock()
+	known := m.peersKnown
+	for id := range m.peers {
+		ids = append(ids, id)
+	}
+	m.peersMu.Unlock()
+	if known {
+		return ids, nil
+	}
+	prefix := m.r.sub.memberPrefix()
+	keys, err := m.members.ListKeysFiltered(ctx, prefix+"*")
+	if err != nil {
+		return nil, fmt.Errorf("list members: %w", err)
+	}
+	defer func() { _ = keys.Stop() }()
+	ids = ids[:0]
+	for k := range keys.Keys() {
+		if id := strings.TrimPrefix(k, prefix); id != m.r.presence.id {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
 
 // heldElsewhere asks every other member of the subscription whether it
 // holds c's message, or acked it lately; every member that does not hold
@@ -451,16 +464,10 @@ var errPeersUnknown = errors.New("the subscription's members are not known yet")
 // the earlier delivery when asked, or drops it when it comes. An error
 // says a member neither answered nor is gone.
 func (m *perKeyMode) heldElsewhere(ctx context.Context, c holdCheck) (holdAnswer, error) {
-	m.peersMu.Lock()
-	if !m.peersKnown {
-		m.peersMu.Unlock()
-		return heldByNone, errPeersUnknown
+	ids, err := m.peerIDs(ctx)
+	if err != nil {
+		return heldByNone, err
 	}
-	ids := make([]string, 0, len(m.peers))
-	for id := range m.peers {
-		ids = append(ids, id)
-	}
-	m.peersMu.Unlock()
 	req := encodeHoldChecks([]holdCheck{c})
 	k := heldKey{consumer: c.consumer, seq: c.seq}
 	answers := make([]holdAnswer, len(ids))
