@@ -811,21 +811,13 @@ func (r *clusterChaosRun) finish(within time.Duration) {
 // message waited for its ack, and how long the stream had no leader (the
 // cluster's own election, measured by a raw JetStream probe).
 //
-// make test runs one round of each fault, in partitioned delivery;
+// make test runs one round of each fault, in each delivery mode;
 // JETORDER_CLUSTER_CHAOS_ROUNDS
 // runs more (the long run of docs/RELIABILITY.md), and
 // JETORDER_CLUSTER_CHAOS_FAULTS picks kinds by a word of their names
 // ("killed,partitioned"). JETORDER_CLUSTER_CHAOS_LOGS=DIR keeps the
 // sidecars' and nodes' logs.
 func TestClusterChaos(t *testing.T) {
-	if itest.Delivery == adapter.DeliveryPerKey && os.Getenv("JETORDER_CLUSTER_CHAOS_ROUNDS") == "" {
-		// Its long run found four keys going back to a message acked
-		// before and then skipping one, once in 30 faults
-		// (docs/RELIABILITY.md, "A cluster under faults"): not found yet,
-		// so make test's per-key pass leaves it out;
-		// JETORDER_CLUSTER_CHAOS_ROUNDS runs it.
-		t.Skip("per-key delivery under cluster faults rarely reorders a key (docs/RELIABILITY.md, once in 30 faults); set JETORDER_CLUSTER_CHAOS_ROUNDS to run it")
-	}
 	rounds := 1
 	if v, err := strconv.Atoi(os.Getenv("JETORDER_CLUSTER_CHAOS_ROUNDS")); err == nil && v > 0 {
 		rounds = v
