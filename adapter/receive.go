@@ -638,10 +638,8 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 						"consumer", meta.Consumer, "seq", seq, "err", err)
 					return false
 				}
-				select {
-				case <-r.hctx.Done():
+				if !r.pauseBeforeAsking() {
 					return r.handBackUnasked(m)
-				case <-time.After(250 * time.Millisecond):
 				}
 				continue
 			}
@@ -676,11 +674,20 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 				"consumer", meta.Consumer, "seq", seq, "err", err)
 			return true
 		}
-		select {
-		case <-r.hctx.Done():
+		if !r.pauseBeforeAsking() {
 			return r.handBackUnasked(m)
-		case <-time.After(250 * time.Millisecond):
 		}
+	}
+}
+
+// pauseBeforeAsking waits a little before a delivery's check asks again;
+// false when Receive ended meanwhile.
+func (r *receiver) pauseBeforeAsking() bool {
+	select {
+	case <-r.hctx.Done():
+		return false
+	case <-time.After(250 * time.Millisecond):
+		return true
 	}
 }
 
