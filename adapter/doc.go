@@ -114,6 +114,15 @@
 // message unacked, asks the other members which of those they hold, and
 // nacks the rest, so they are redelivered at once (takeover_perkey.go).
 //
+// Stale deliveries. On a cluster, a paused server or a cut-off receiver
+// can leave a delivery in flight past its ack deadline while the consumer
+// delivers the message again elsewhere. A receiver hands a redelivery (or
+// a delivery of a message stored nearly an ack deadline ago) to a handler
+// only if the key consumer still counts it as its latest, unacked, and,
+// for a redelivery, once the other receivers say they do not hold the
+// message; each of them then drops the earlier delivery should it come
+// (receiver.keyDeliveryDue, perKeyMode.heldElsewhere).
+//
 // # Inspection
 //
 // An Inspector reads, for monitoring, what the account holds: its topics

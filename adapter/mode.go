@@ -85,8 +85,9 @@ func (m *perKeyMode) start(ctx context.Context) error {
 	o := newDiscoverer(m.r)
 	o.members = m.members
 	m.done.Go(func() { o.run(octx) })
-	// Started now, so that it reads the records from before any
-	// redelivery can arrive. Without it, they are listed when needed.
+	// Started with Receive, so that it has read the records by the time
+	// redeliveries come; until then (or without it) they are listed when
+	// needed.
 	if w, err := m.members.Watch(octx, m.r.sub.memberPrefix()+"*"); err == nil {
 		m.done.Go(func() { m.watchPeers(octx, w) })
 	}
