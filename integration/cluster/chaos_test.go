@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -753,6 +754,37 @@ func (r *clusterChaosRun) whereIs(k, i int) string {
 	return b.String()
 }
 
+// diagnose logs, for a failed run, where the stream and the consumers have
+// the messages of the first key missing or out of order, and the
+// sidecars' log lines about partitions: what a CI run keeps of it.
+func (r *clusterChaosRun) diagnose(missing string, violations []string) {
+	var k, i int
+	found := false
+	if m := regexp.MustCompile(`key "k(\d+)": (\d+) of`).FindStringSubmatch(missing); m != nil {
+		k, _ = strconv.Atoi(m[1])
+		i, _ = strconv.Atoi(m[2])
+		found = true
+	} else if len(violations) > 0 {
+		if m := regexp.MustCompile(`key "k(\d+)" message (\d+)`).FindStringSubmatch(violations[0]); m != nil {
+			k, _ = strconv.Atoi(m[1])
+			i, _ = strconv.Atoi(m[2])
+			found = true
+		}
+	}
+	if found {
+		r.t.Logf("where key k%d's messages %d to %d are:\n%s", k, i, i+2, r.whereIs(k, i))
+	}
+	for n, sc := range r.scs {
+		var lines []string
+		for line := range strings.Lines(sc.Log()) {
+			if strings.Contains(line, "partition") {
+				lines = append(lines, line)
+			}
+		}
+		r.t.Logf("sidecar-%d's last log lines about partitions:\n%s", n, strings.Join(lines[max(0, len(lines)-60):], ""))
+	}
+}
+
 // logf logs with the wall clock, to read beside the processes' logs.
 func (r *clusterChaosRun) logf(format string, args ...any) {
 	r.t.Helper()
@@ -851,8 +883,12 @@ func TestClusterChaos(t *testing.T) {
 		}
 	}
 	r.finish(2 * time.Minute)
-	if m := r.chk.Missing("cluster-sub"); m != "" {
-		t.Errorf("stored messages never acked: %s", m)
+	missing := r.chk.Missing("cluster-sub")
+	if missing != "" {
+		t.Errorf("stored messages never acked: %s", missing)
+	}
+	if v := r.chk.Violations(); missing != "" || len(v) > 0 {
+		r.diagnose(missing, v)
 	}
 	var report []string
 	for _, f := range faults {
