@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -686,12 +687,15 @@ func (r *clusterChaosRun) inject(f clusterFault) (faultFigures, error) {
 }
 
 // stuckReport says which keys do not flow since t, the last publish
-// error and when the stream last answered.
+// error, when the stream last answered, where the first stuck key's
+// messages are and what the sidecars say of the subscription.
 func (r *clusterChaosRun) stuckReport(t time.Time) string {
 	answered := r.probe.lastAnswer(r.stream)
+	k, i := r.flow.firstStuck(t)
+	where := r.whereIs(k, i)
 	if dir := os.Getenv("JETORDER_CLUSTER_CHAOS_LOGS"); dir != "" {
 		_ = os.MkdirAll(dir, 0o755)
-		_ = os.WriteFile(filepath.Join(dir, "stream.txt"), []byte(r.whereIs(r.flow.firstStuck(t))), 0o644)
+		_ = os.WriteFile(filepath.Join(dir, "stream.txt"), []byte(where), 0o644)
 		var stacks strings.Builder
 		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
 		_ = os.WriteFile(filepath.Join(dir, "test-goroutines.txt"), []byte(stacks.String()), 0o644)
@@ -703,9 +707,54 @@ func (r *clusterChaosRun) stuckReport(t time.Time) string {
 			}
 		}
 	}
-	return fmt.Sprintf("%s; the last publish error: %v; the stream's leader (%s) last answered %s; deliveries per sidecar %d/%d/%d",
+	if where != "" {
+		where = "\nwhere its messages are:\n" + where
+	}
+	return fmt.Sprintf("%s; the last publish error: %v; the stream's leader (%s) last answered %s; deliveries per sidecar %d/%d/%d%s\n%s",
 		r.flow.stuck(t), r.lastPubErr.Load(), r.probe.streamLeader(), answered.UTC().Format("15:04:05.000"),
-		r.perSidecar[0].Load(), r.perSidecar[1].Load(), r.perSidecar[2].Load())
+		r.perSidecar[0].Load(), r.perSidecar[1].Load(), r.perSidecar[2].Load(), where, r.sidecarStates())
+}
+
+// sidecarStates says, for a diagnosis a CI run keeps, what each sidecar's
+// status shows of the ordered subscription (its partitions, what it
+// holds) and its last log lines about partitions.
+func (r *clusterChaosRun) sidecarStates() string {
+	var b strings.Builder
+	for n, sc := range r.scs {
+		fmt.Fprintf(&b, "sidecar-%d:", n)
+		client := http.Client{Timeout: 5 * time.Second}
+		if resp, err := client.Get(sc.HTTPURL() + "/v1/status"); err != nil {
+			fmt.Fprintf(&b, " status: %v\n", err)
+		} else {
+			var st struct {
+				Subscriptions []map[string]any `json:"subscriptions"`
+			}
+			err := json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+			for _, sub := range st.Subscriptions {
+				if name, _ := sub["name"].(string); strings.HasSuffix(name, "/cluster-sub") {
+					out := map[string]any{}
+					for _, f := range []string{"partitions", "receiving", "streams", "outstanding", "keys_in_flight", "partitions_owned", "partition_buffered", "unacked", "max_delivery_attempt"} {
+						out[f] = sub[f]
+					}
+					j, _ := json.Marshal(out)
+					fmt.Fprintf(&b, " %s", j)
+				}
+			}
+			if err != nil {
+				fmt.Fprintf(&b, " status: %v", err)
+			}
+			b.WriteString("\n")
+		}
+		var lines []string
+		for line := range strings.Lines(sc.Log()) {
+			if strings.Contains(line, "partition") {
+				lines = append(lines, line)
+			}
+		}
+		b.WriteString(strings.Join(lines[max(0, len(lines)-40):], ""))
+	}
+	return b.String()
 }
 
 // whereIs reports, for a diagnosis, where the stream has the messages of
@@ -755,8 +804,8 @@ func (r *clusterChaosRun) whereIs(k, i int) string {
 }
 
 // diagnose logs, for a failed run, where the stream and the consumers have
-// the messages of the first key missing or out of order, and the
-// sidecars' log lines about partitions: what a CI run keeps of it.
+// the messages of the first key missing or out of order, and what the
+// sidecars say (sidecarStates): what a CI run keeps of it.
 func (r *clusterChaosRun) diagnose(missing string, violations []string) {
 	var k, i int
 	found := false
@@ -774,15 +823,7 @@ func (r *clusterChaosRun) diagnose(missing string, violations []string) {
 	if found {
 		r.t.Logf("where key k%d's messages %d to %d are:\n%s", k, i, i+2, r.whereIs(k, i))
 	}
-	for n, sc := range r.scs {
-		var lines []string
-		for line := range strings.Lines(sc.Log()) {
-			if strings.Contains(line, "partition") {
-				lines = append(lines, line)
-			}
-		}
-		r.t.Logf("sidecar-%d's last log lines about partitions:\n%s", n, strings.Join(lines[max(0, len(lines)-60):], ""))
-	}
+	r.t.Logf("the sidecars:\n%s", r.sidecarStates())
 }
 
 // logf logs with the wall clock, to read beside the processes' logs.
