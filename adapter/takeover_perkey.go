@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -325,16 +326,10 @@ const holdCheckBatch = 4000
 // askMembers asks every member but dead which of checks it holds. Any
 // member that neither answers nor is gone makes it fail.
 func (o *discoverer) askMembers(ctx context.Context, dead string, checks []holdCheck) (map[heldKey]bool, error) {
-	prefix := o.r.sub.memberPrefix()
-	keys, err := o.members.ListKeysFiltered(ctx, prefix+"*")
+	ids, err := listMembers(ctx, o.members, o.r.sub)
 	if err != nil {
-		return nil, fmt.Errorf("list members: %w", err)
+		return nil, err
 	}
-	var ids []string
-	for k := range keys.Keys() {
-		ids = append(ids, strings.TrimPrefix(k, prefix))
-	}
-	_ = keys.Stop()
 	held := make(map[heldKey]bool)
 	for start := 0; start < len(checks); start += holdCheckBatch {
 		req := encodeHoldChecks(checks[start:min(start+holdCheckBatch, len(checks))])
@@ -438,17 +433,25 @@ func (m *perKeyMode) peerIDs(ctx context.Context) ([]string, error) {
 	if known {
 		return ids, nil
 	}
-	prefix := m.r.sub.memberPrefix()
-	keys, err := m.members.ListKeysFiltered(ctx, prefix+"*")
+	all, err := listMembers(ctx, m.members, m.r.sub)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(all, func(id string) bool { return id == m.r.presence.id }), nil
+}
+
+// listMembers lists the presence ids of sub's members from their records
+// in kv.
+func listMembers(ctx context.Context, kv jetstream.KeyValue, sub *Subscription) ([]string, error) {
+	prefix := sub.memberPrefix()
+	keys, err := kv.ListKeysFiltered(ctx, prefix+"*")
 	if err != nil {
 		return nil, fmt.Errorf("list members: %w", err)
 	}
 	defer func() { _ = keys.Stop() }()
-	ids = ids[:0]
+	var ids []string
 	for k := range keys.Keys() {
-		if id := strings.TrimPrefix(k, prefix); id != m.r.presence.id {
-			ids = append(ids, id)
-		}
+		ids = append(ids, strings.TrimPrefix(k, prefix))
 	}
 	return ids, nil
 }
