@@ -614,65 +614,57 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 	for {
 		ctx, cancel := context.WithTimeout(r.hctx, min(r.c.cfg.apiTimeout, r.rec.ackDeadline()/4, time.Second))
 		c, err := r.c.js.PushConsumer(ctx, r.rec.stream(), meta.Consumer)
-		if err == nil {
+		switch {
+		case err == nil:
 			info := c.CachedInfo()
 			acked := info.AckFloor.Stream >= seq
 			overtaken := info.Delivered.Consumer > dseq // delivered again, or the key went on
 			lostAck := meta.NumDelivered > 1 && !overtaken && info.Delivered.Stream > seq
-			if !acked && !overtaken && !lostAck {
+			if acked || overtaken || lostAck {
+				r.c.cfg.logger.Debug("key consumer delivery no longer due: dropped", "subscription", r.sub.id,
+					"consumer", meta.Consumer, "seq", seq, "dseq", dseq, "attempt", meta.NumDelivered, "delivered", info.Delivered.Stream,
+					"delivered_dseq", info.Delivered.Consumer, "ack_floor", info.AckFloor.Stream)
+				if acked || lostAck {
+					// Not delivered even if the ack fails: it then comes
+					// again, and is asked about again.
+					_, _ = r.c.nc.RequestWithContext(ctx, m.Reply, ackPayload[ackAck])
+				}
 				cancel()
-				if meta.NumDelivered == 1 {
-					return true
-				}
-				held, err := r.redeliveryHeldElsewhere(m, meta)
-				switch {
-				case err == nil && held == heldByNone:
-					return true
-				case err == nil:
-					r.c.cfg.logger.Debug("key consumer redelivery dropped: another receiver holds the message, or acked it",
-						"subscription", r.sub.id, "consumer", meta.Consumer, "seq", seq, "dseq", dseq, "acked", held == ackedByPeer)
-					return false
-				case time.Now().After(giveUp):
-					// Its next delivery asks again.
-					r.c.cfg.logger.Debug("key consumer redelivery dropped: a receiver that may hold the message did not answer", "subscription", r.sub.id,
-						"consumer", meta.Consumer, "seq", seq, "err", err)
-					return false
-				}
-				if !r.pauseBeforeAsking() {
-					return r.handBackUnasked(m)
-				}
-				continue
+				return false
 			}
-			r.c.cfg.logger.Debug("key consumer delivery no longer due: dropped", "subscription", r.sub.id,
-				"consumer", meta.Consumer, "seq", seq, "dseq", dseq, "attempt", meta.NumDelivered, "delivered", info.Delivered.Stream,
-				"delivered_dseq", info.Delivered.Consumer, "ack_floor", info.AckFloor.Stream)
-			if acked || lostAck {
-				// Not delivered even if the ack fails: it then comes again,
-				// and is asked about again.
-				_, _ = r.c.nc.RequestWithContext(ctx, m.Reply, ackPayload[ackAck])
-			}
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
 			cancel()
-			return false
+			return false // gone with its messages
+		case r.hctx.Err() != nil:
+			cancel()
+			return r.handBackUnasked(m)
+		case !time.Now().After(giveUp):
+			cancel()
+			if !r.pauseBeforeAsking() {
+				return r.handBackUnasked(m)
+			}
+			continue
+		default:
+			r.c.cfg.logger.Debug("key consumer did not answer whether its delivery is due: handed over unasked, a redelivery once no other receiver holds it",
+				"subscription", r.sub.id, "consumer", meta.Consumer, "seq", seq, "err", err)
 		}
 		cancel()
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return false // gone with its messages
-		}
-		if r.hctx.Err() != nil {
-			return r.handBackUnasked(m)
-		}
-		if time.Now().After(giveUp) {
-			if meta.NumDelivered > 1 {
-				// The other receivers answer while the cluster is busy.
-				if held, herr := r.redeliveryHeldElsewhere(m, meta); herr != nil || held != heldByNone {
-					r.c.cfg.logger.Debug("key consumer redelivery dropped: its consumer did not answer, and another receiver holds the message, acked it or did not answer",
-						"subscription", r.sub.id, "consumer", meta.Consumer, "seq", seq, "err", err, "receivers", herr)
-					return false
-				}
-			}
-			r.c.cfg.logger.Debug("key consumer delivery handed over unasked: its consumer did not answer", "subscription", r.sub.id,
-				"consumer", meta.Consumer, "seq", seq, "err", err)
+		if meta.NumDelivered == 1 {
 			return true
+		}
+		held, err := r.redeliveryHeldElsewhere(m, meta)
+		switch {
+		case err == nil && held == heldByNone:
+			return true
+		case err == nil:
+			r.c.cfg.logger.Debug("key consumer redelivery dropped: another receiver holds the message, or acked it",
+				"subscription", r.sub.id, "consumer", meta.Consumer, "seq", seq, "dseq", dseq, "acked", held == ackedByPeer)
+			return false
+		case time.Now().After(giveUp):
+			// Its next delivery asks again.
+			r.c.cfg.logger.Debug("key consumer redelivery dropped: a receiver that may hold the message did not answer", "subscription", r.sub.id,
+				"consumer", meta.Consumer, "seq", seq, "err", err)
+			return false
 		}
 		if !r.pauseBeforeAsking() {
 			return r.handBackUnasked(m)
