@@ -486,18 +486,26 @@ const (
 	defaultPartitionBuffer = 1000
 )
 
+// filledTopic creates an adapter topic and publishes msgs messages over
+// keys keys to it, as the raw baselines read them; cleanup deletes it.
+func (b *bench) filledTopic(prefix string, keys, msgs int) (topicID string, cleanup func()) {
+	ctx := context.Background()
+	topicID = b.name(prefix)
+	topic, err := b.client.CreateTopic(ctx, topicID)
+	check(err)
+	subject, hdr := keyed(topicID, "key", keys)
+	b.fill(subject, hdr, msgs)
+	return topicID, func() { _ = topic.Delete(ctx) }
+}
+
 // rawPartitionLayout times raw pull consumers, each with the filter subjects
 // of one partition of a partitioned subscription and MaxAckPending of its
 // buffer, consuming and acking msgs messages published first over keys
 // keys of an adapter topic, from first delivery to last ack.
 func (b *bench) rawPartitionLayout(keys, msgs, partitions int) float64 {
 	ctx := context.Background()
-	topicID := b.name("modes-layout")
-	topic, err := b.client.CreateTopic(ctx, topicID)
-	check(err)
-	defer func() { _ = topic.Delete(ctx) }()
-	subject, hdr := keyed(topicID, "key", keys)
-	b.fill(subject, hdr, msgs)
+	topicID, cleanup := b.filledTopic("modes-layout", keys, msgs)
+	defer cleanup()
 	var consumers []jetstream.Consumer
 	for i := range partitions {
 		cons, err := b.js.CreateConsumer(ctx, keyrouter.StreamName(project, topicID), jetstream.ConsumerConfig{
@@ -554,12 +562,8 @@ const (
 // process, filtering as filter says.
 func (b *bench) rawOneConsumer(keys, msgs, partitions int, filter oneFilter) float64 {
 	ctx := context.Background()
-	topicID := b.name("modes-one")
-	topic, err := b.client.CreateTopic(ctx, topicID)
-	check(err)
-	defer func() { _ = topic.Delete(ctx) }()
-	subject, hdr := keyed(topicID, "key", keys)
-	b.fill(subject, hdr, msgs)
+	topicID, cleanup := b.filledTopic("modes-one", keys, msgs)
+	defer cleanup()
 	cfg := jetstream.ConsumerConfig{Durable: "one", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: defaultPartitionBuffer}
 	switch filter {
 	case everyPartition:
