@@ -536,6 +536,14 @@ const apiAttempt = 2 * time.Second
 func (c *Client) retryAPI(ctx context.Context, f func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.apiTimeout)
 	defer cancel()
+	return c.retryUntil(ctx, f)
+}
+
+// retryUntil is retryAPI bounded by ctx alone: for a call whose caller
+// gave it a deadline (a Pub/Sub client's CreateSubscription waits a
+// minute), and whose request a cluster may drop without an answer (a
+// meta leader that cannot propose a consumer's creation does not reply).
+func (c *Client) retryUntil(ctx context.Context, f func(context.Context) error) error {
 	backoff := 50 * time.Millisecond
 	for {
 		actx, acancel := context.WithTimeout(ctx, min(c.cfg.apiTimeout, apiAttempt))

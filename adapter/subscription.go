@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -480,10 +481,15 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 	if len(cfg.ServiceSettings) > maxServiceSettings {
 		return nil, fmt.Errorf("%w: service settings of %d bytes, at most %d", ErrInvalidConfig, len(cfg.ServiceSettings), maxServiceSettings)
 	}
+	// Each request below is made in short attempts until ctx ends
+	// (retryUntil): a cluster may drop one without an answer.
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
-	info, err := cfg.Topic.info(ctx)
-	if err != nil {
+	var info *jetstream.StreamInfo
+	if err := c.retryUntil(ctx, func(ctx context.Context) (err error) {
+		info, err = cfg.Topic.info(ctx)
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	kv, err := c.buckets(ctx)
@@ -524,42 +530,79 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 	// State left by an earlier subscription of this id (a Delete that
 	// failed half-way, or a receiver that saved after it) goes now, while
 	// no subscription of the id exists.
-	if _, err := kv.Get(ctx, s.kvKey()); errors.Is(err, jetstream.ErrKeyNotFound) {
-		if err := s.purgeState(ctx); err != nil {
-			return nil, fmt.Errorf("create subscription %s: clear old state: %w", s, err)
+	err = c.retryUntil(ctx, func(ctx context.Context) error {
+		_, err := kv.Get(ctx, s.kvKey())
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return s.purgeState(ctx)
 		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create subscription %s: clear old state: %w", s, err)
 	}
-	// The registry entry claims the id before any consumer exists, so two
-	// creates of the same id cannot both succeed.
-	if _, err := kv.Create(ctx, s.kvKey(), data); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return nil, fmt.Errorf("%w: %s", ErrSubscriptionExists, s)
-		}
-		return nil, fmt.Errorf("create subscription %s: %w", s, err)
+	if err := s.claim(ctx, kv, data); err != nil {
+		return nil, err
 	}
 	if err := s.createConsumers(ctx, kv, rec); err != nil {
-		_ = kv.Delete(ctx, s.kvKey())
+		// Undone with a context of its own: ctx may be the one that ended.
+		undo, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.apiTimeout)
+		defer cancel()
+		_ = c.deleteConsumers(undo, rec)
+		_ = kv.Delete(undo, s.kvKey())
 		return nil, fmt.Errorf("create subscription %s: %w", s, err)
 	}
 	return s, nil
 }
 
+// claim writes the subscription's registry entry, data, which claims the
+// id before any consumer exists, so two creates of the same id cannot
+// both succeed. An entry equal to data after an attempt that went
+// unanswered is this create's own.
+func (s *Subscription) claim(ctx context.Context, kv jetstream.KeyValue, data []byte) error {
+	unanswered := false
+	err := s.c.retryUntil(ctx, func(ctx context.Context) error {
+		_, err := kv.Create(ctx, s.kvKey(), data)
+		if errors.Is(err, jetstream.ErrKeyExists) && unanswered {
+			if e, gerr := kv.Get(ctx, s.kvKey()); gerr == nil && bytes.Equal(e.Value(), data) {
+				return nil
+			}
+		}
+		unanswered = unanswered || transient(err)
+		return err
+	})
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("%w: %s", ErrSubscriptionExists, s)
+	}
+	if err != nil {
+		return fmt.Errorf("create subscription %s: %w", s, err)
+	}
+	return nil
+}
+
 func (s *Subscription) createConsumers(ctx context.Context, kv jetstream.KeyValue, rec *subRecord) error {
+	// Creating a consumer again with the same configuration is no
+	// change, so each is created in attempts (retryUntil).
 	name, filter := rec.sharedConsumer()
-	if _, err := s.c.js.CreatePushConsumer(ctx, rec.stream(), rec.consumerConfig(name, filter, rec.StartSeq, sharedMaxAckPending)); err != nil {
+	if err := s.c.retryUntil(ctx, func(ctx context.Context) error {
+		_, err := s.c.js.CreatePushConsumer(ctx, rec.stream(), rec.consumerConfig(name, filter, rec.StartSeq, sharedMaxAckPending))
+		return err
+	}); err != nil {
 		return err
 	}
 	if rec.partitioned() {
 		return forEachParallel(ctx, rec.partitionIndexes(), 16, func(ctx context.Context, i int) error {
-			_, err := s.c.js.CreateConsumer(ctx, rec.stream(), rec.partitionConsumerConfig(max(s.c.cfg.leaseTTL, minPinTTL), i))
-			return err
+			return s.c.retryUntil(ctx, func(ctx context.Context) error {
+				_, err := s.c.js.CreateConsumer(ctx, rec.stream(), rec.partitionConsumerConfig(max(s.c.cfg.leaseTTL, minPinTTL), i))
+				return err
+			})
 		})
 	}
 	if rec.Ordering {
 		// Key discovery starts right before the subscription's first message.
-		if _, err := kv.Put(ctx, s.floorKey(rec.Epoch), []byte(strconv.FormatUint(rec.StartSeq-1, 10))); err != nil {
+		return s.c.retryUntil(ctx, func(ctx context.Context) error {
+			_, err := kv.Put(ctx, s.floorKey(rec.Epoch), []byte(strconv.FormatUint(rec.StartSeq-1, 10)))
 			return err
-		}
+		})
 	}
 	return nil
 }

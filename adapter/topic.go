@@ -199,7 +199,7 @@ func (c *Client) CreateTopicWithConfig(ctx context.Context, id string, cfg *Topi
 	if err != nil {
 		return nil, err
 	}
-	_, err = c.js.CreateStream(ctx, jetstream.StreamConfig{
+	scfg := jetstream.StreamConfig{
 		Name:        t.stream,
 		Description: t.String(),
 		Subjects:    []string{keyrouter.TopicSubjects(c.project, id)},
@@ -219,6 +219,20 @@ func (c *Client) CreateTopicWithConfig(ctx context.Context, id string, cfg *Topi
 		// stream's, so JetStream refuses a second create instead of treating
 		// it as an idempotent repeat.
 		Metadata: md,
+	}
+	// In attempts until ctx ends (retryUntil): a cluster may drop the
+	// request without an answer. A stream of the name that carries this
+	// create's id after an attempt that went unanswered is its own.
+	unanswered := false
+	err = c.retryUntil(ctx, func(ctx context.Context) error {
+		_, err := c.js.CreateStream(ctx, scfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && unanswered {
+			if st, ierr := c.js.Stream(ctx, t.stream); ierr == nil && st.CachedInfo().Config.Metadata[metaCreation] == md[metaCreation] {
+				return nil
+			}
+		}
+		unanswered = unanswered || transient(err)
+		return err
 	})
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):

@@ -102,3 +102,37 @@ func TestRareWarningLogsOncePerInterval(t *testing.T) {
 		}
 	}
 }
+
+// retryUntil asks again after an attempt that goes unanswered, returns a
+// lasting error at once, and stops when its context ends.
+func TestRetryUntil(t *testing.T) {
+	c := &Client{cfg: clientConfig{apiTimeout: 10 * time.Second}}
+	attempts := 0
+	err := c.retryUntil(context.Background(), func(ctx context.Context) error {
+		attempts++
+		if attempts == 1 {
+			<-ctx.Done() // a request the cluster dropped
+			return ctx.Err()
+		}
+		return nil
+	})
+	if err != nil || attempts != 2 {
+		t.Fatalf("an unanswered attempt then an answer: err %v after %d attempts, want nil after 2", err, attempts)
+	}
+
+	attempts = 0
+	lasting := &jetstream.APIError{Code: 400, Description: "bad request"}
+	err = c.retryUntil(context.Background(), func(context.Context) error { attempts++; return lasting })
+	if err != lasting || attempts != 1 {
+		t.Fatalf("a lasting error: %v after %d attempts, want it after 1", err, attempts)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	attempts = 0
+	unavailable := &jetstream.APIError{Code: 503, Description: "unavailable"}
+	err = c.retryUntil(ctx, func(context.Context) error { attempts++; return unavailable })
+	if err != unavailable || attempts < 2 || ctx.Err() == nil {
+		t.Fatalf("unavailable until the context ends: %v after %d attempts (context %v), want it after several, the context ended", err, attempts, ctx.Err())
+	}
+}
