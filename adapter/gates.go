@@ -481,24 +481,36 @@ func (g *gates) overdue(now time.Time, limit time.Duration) []awaited {
 }
 
 // goneAnswer applies the stream leader's answer on whether the message w
-// waits for still exists. Retention may have removed it: it will never
+// waits for still exists (exists, gone: neither when the leader did not
+// answer). Retention may have removed it: it will never
 // come back. It takes two "gone" answers in a row, a check apart (the
 // server answers "not found" for a store error too), for the key to move
 // on: moved reports it did, and start what may start now.
-func (g *gates) goneAnswer(w awaited, gone bool) (moved bool, start []*delivery) {
+//
+// A message that exists and has not come back in the time overdue allows
+// may be acked at the server (an ack an earlier owner sent late, after
+// the message was delivered here again): it would never come back. The
+// partition then fences (fenced reports it; the caller runs the check),
+// and the lift forgets what keys wait for, once every unacked message is
+// held here.
+func (g *gates) goneAnswer(w awaited, exists, gone bool) (moved bool, start []*delivery, fenced bool) {
 	k := g.keys[w.subject]
 	switch {
 	case k == nil || len(k.awaiting) == 0 || k.awaiting[0] != w.seq:
 	case !gone:
 		k.goneOnce = 0
+		if exists && !g.fenced && !g.stopping && g.pin != "" {
+			g.fence()
+			return false, nil, true
+		}
 	case k.goneOnce != w.seq:
 		k.goneOnce = w.seq
 	default:
 		k.unawait(w.seq)
 		k.goneOnce = 0
-		return true, g.pump(w.subject, k, nil)
+		return true, g.pump(w.subject, k, nil), false
 	}
-	return false, nil
+	return false, nil, false
 }
 
 // stop marks the partition ending: nothing more starts or is taken in.

@@ -359,17 +359,42 @@ func TestGatesMessageRemovedByRetention(t *testing.T) {
 		t.Fatalf("overdue %v, want k|10", due)
 	}
 	w := due[0]
-	if moved, _ := b.g.goneAnswer(w, true); moved {
+	if moved, _, _ := b.g.goneAnswer(w, false, true); moved {
 		t.Fatal("moved on after one 'not found' (a store error answers that too)")
 	}
-	if moved, _ := b.g.goneAnswer(w, false); moved {
-		t.Fatal("moved on although the message exists")
+	if moved, _, fenced := b.g.goneAnswer(w, false, false); moved || fenced {
+		t.Fatalf("no answer: moved %v, fenced %v, want neither", moved, fenced)
 	}
-	b.g.goneAnswer(w, true)
-	moved, start := b.g.goneAnswer(w, true)
+	b.g.goneAnswer(w, false, true)
+	moved, start, _ := b.g.goneAnswer(w, false, true)
 	if !moved || !slices.Equal(seqs(start), []uint64{11}) {
 		t.Fatalf("moved %v, started %v: want k|11 after two 'not found' in a row", moved, seqs(start))
 	}
+}
+
+func TestGatesAwaitedMessageAckedAtTheServer(t *testing.T) {
+	// k|10 was nacked here, but the server has it acked (an earlier
+	// owner's ack that arrived late): it never comes back. Once overdue,
+	// the stream still having it, the partition fences; the lift, every
+	// unacked message held here, lets k|11 start.
+	b := owned(t)
+	k1 := msg("k", 10, 2)
+	b.arrive(k1, "A", admitted, 10)
+	b.arrive(msg("k", 11, 3), "A", admitted)
+	b.release(k1, false)
+	w := b.g.overdue(t0.Add(3*time.Second), 2*time.Second)[0]
+	moved, start, fenced := b.g.goneAnswer(w, true, false)
+	if moved || len(start) != 0 || !fenced {
+		t.Fatalf("the message exists: moved %v, started %v, fenced %v; want a fence only", moved, seqs(start), fenced)
+	}
+	if _, _, again := b.g.goneAnswer(w, true, false); again {
+		t.Fatal("fenced again while fenced")
+	}
+	// While the server still counts k|10 unacked (not held here), the
+	// fence stays: it comes back, and starts first.
+	b.lift(consumerAnswer{unacked: 2, delivered: 3, first: 10}, false)
+	// The server has k|10 acked: only k|11, held here, is unacked.
+	b.lift(consumerAnswer{unacked: 1, delivered: 3, first: 11}, true, 11)
 }
 
 func TestGatesServerLostAcks(t *testing.T) {

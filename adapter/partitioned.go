@@ -611,8 +611,9 @@ func (p *partition) fence(n int) {
 	}
 }
 
-// checkAwaiting unblocks keys waiting for a message the stream no longer
-// has (removed by the topic's retention): it will never come back.
+// checkAwaiting unblocks keys waiting for a message that will never come
+// back: one the stream no longer has (removed by the topic's retention),
+// or one the server has acked (gates.goneAnswer fences for that).
 func (p *partition) checkAwaiting(ctx context.Context) {
 	r := p.r
 	p.mu.Lock()
@@ -625,7 +626,13 @@ func (p *partition) checkAwaiting(ctx context.Context) {
 	for _, w := range due {
 		_, err := r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: w.seq})
 		p.mu.Lock()
-		moved, start := p.g.goneAnswer(w, errors.Is(err, jetstream.ErrMsgNotFound))
+		moved, start, fenced := p.g.goneAnswer(w, err == nil, errors.Is(err, jetstream.ErrMsgNotFound))
+		if fenced {
+			r.c.cfg.logger.Info("key waited two ack deadlines for a message the stream still has; fenced, in case the server has it acked", "subscription", r.sub.id, "partition", p.index,
+				"subject", w.subject, "seq", w.seq)
+			p.m.loops.Add(1)
+			go p.fence(p.g.fences)
+		}
 		p.mu.Unlock()
 		if moved {
 			r.c.cfg.logger.Warn("key no longer waits for a message the stream does not have", "subscription", r.sub.id, "partition", p.index,

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -496,6 +497,67 @@ func TestPartitionKeyMovesOnWhenItsMessageIsGone(t *testing.T) {
 	}
 	if n := strings.Count(log.String(), "k|0"); n != 1 {
 		t.Fatalf("k|0 delivered %d times, once expected (it is gone):\n%s", n, log)
+	}
+}
+
+// A key whose nacked message the server has acked meanwhile (an earlier
+// owner's ack that arrived late) would wait for it for ever: it never
+// comes back. After two ack deadlines the owner fences; the consumer then
+// counts nothing unacked that the owner does not hold, and the key moves
+// on.
+func TestPartitionKeyMovesOnWhenItsMessageIsAckedElsewhere(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("acked-elsewhere")
+	sub := e.createSub("acked-elsewhere-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: time.Second,
+		Delivery: adapter.DeliveryPartitioned, Partitions: 1})
+	// The ack an earlier owner would send: to the delivery's reply
+	// subject, seen here on its way to the receiver.
+	spy := testutil.Connect(t, e.srv.ClientURL())
+	first := string(ordercheck.Encode("k", 0))
+	replies := make(chan string, 4)
+	if _, err := spy.Subscribe("_INBOX.>", func(m *nats.Msg) {
+		if string(m.Data) == first && strings.HasPrefix(m.Reply, "$JS.ACK.") {
+			replies <- m.Reply
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	log := &partLog{}
+	acked := make(chan error, 1)
+	startReceive(t, sub, func(ctx context.Context, m *adapter.Message) {
+		if ev := log.add("R", m); ev.index == 0 {
+			select {
+			case reply := <-replies:
+				acked <- errors.Join(spy.Publish(reply, []byte("+ACK")), spy.Flush())
+			case <-time.After(5 * time.Second):
+				acked <- errors.New("the delivery of k|0 was not seen on its way")
+			}
+			m.Nack()
+			return
+		}
+		log.ack(m)
+	})
+	publish(t, topic, first, "k")
+	publish(t, topic, string(ordercheck.Encode("k", 1)), "k")
+	select {
+	case err := <-acked:
+		if err != nil {
+			t.Fatalf("ack k|0 elsewhere: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("k|0 never delivered")
+	}
+	nacked := time.Now()
+	testutil.Eventually(t, 15*time.Second, func() bool { _, ok := log.ackedAt("k", 1); return ok }, "k|1 never delivered after k|0 was acked elsewhere: %s", log.String)
+	one, _ := log.first("R", "k", 1)
+	if waited := one.at.Sub(nacked); waited < 2*time.Second {
+		t.Fatalf("k|1 started %v after k|0 was nacked, before the owner could settle it:\n%s", waited, log)
+	}
+	if n := strings.Count(log.String(), "k|0"); n != 1 {
+		t.Fatalf("k|0 delivered %d times, once expected (the server has it acked):\n%s", n, log)
 	}
 }
 
