@@ -524,10 +524,12 @@ func (c *Client) openBucket(ctx context.Context, cfg jetstream.KeyValueConfig) (
 	return kv, nil
 }
 
-// apiAttempt bounds one attempt of an API request that retryAPI makes.
+// apiAttempt bounds the first attempt of an API request that retryAPI
+// makes; each one after it may take twice as long as the one before, up
+// to the client's API timeout.
 const apiAttempt = 2 * time.Second
 
-// retryAPI makes the API request f in attempts of at most apiAttempt,
+// retryAPI makes the API request f in attempts of at first apiAttempt,
 // again after a transient failure, for at most the client's API timeout
 // in all (or until ctx ends). A request a cluster leaves unanswered (its
 // leader killed while it was on its way, or several clients creating
@@ -543,12 +545,16 @@ func (c *Client) retryAPI(ctx context.Context, f func(context.Context) error) er
 // gave it a deadline (a Pub/Sub client's CreateSubscription waits a
 // minute), and whose request a cluster may drop without an answer (a
 // meta leader that cannot propose a consumer's creation does not reply).
+// The attempts grow, so that a cluster slow to answer (elections under
+// load) is waited for in the end rather than asked again and again.
 func (c *Client) retryUntil(ctx context.Context, f func(context.Context) error) error {
 	backoff := 50 * time.Millisecond
+	attempt := min(c.cfg.apiTimeout, apiAttempt)
 	for {
-		actx, acancel := context.WithTimeout(ctx, min(c.cfg.apiTimeout, apiAttempt))
+		actx, acancel := context.WithTimeout(ctx, attempt)
 		err := f(actx)
 		acancel()
+		attempt = max(attempt, min(2*attempt, c.cfg.apiTimeout))
 		if err == nil || ctx.Err() != nil || !transient(err) {
 			return err
 		}

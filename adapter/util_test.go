@@ -120,6 +120,21 @@ func TestRetryUntil(t *testing.T) {
 		t.Fatalf("an unanswered attempt then an answer: err %v after %d attempts, want nil after 2", err, attempts)
 	}
 
+	// Each attempt may take twice as long as the one before, up to the
+	// API timeout: a slow cluster's answer is waited for in the end.
+	var bounds []time.Duration
+	err = c.retryUntil(context.Background(), func(ctx context.Context) error {
+		d, _ := ctx.Deadline()
+		bounds = append(bounds, time.Until(d).Round(time.Second))
+		if len(bounds) < 5 {
+			return context.DeadlineExceeded
+		}
+		return nil
+	})
+	if want := []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}; err != nil || !slices.Equal(bounds, want) {
+		t.Fatalf("attempts bounded by %v (err %v), want %v", bounds, err, want)
+	}
+
 	attempts = 0
 	lasting := &jetstream.APIError{Code: 400, Description: "bad request"}
 	err = c.retryUntil(context.Background(), func(context.Context) error { attempts++; return lasting })
