@@ -416,9 +416,10 @@ func startClusterChaos(t *testing.T, o chaosOptions) *clusterChaosRun {
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))}
 	// A sidecar killed loses the acks it had not yet passed on.
 	r.chk.AcksMayBeLost()
-	opts := []itest.Option{itest.Binary(itest.BuildSidecar(t)), itest.ReadyTimeout(90 * time.Second)}
+	// At debug level always: a failed run reports the sidecars' lines
+	// about the messages it misses (diagnose), what a CI run keeps.
+	opts := []itest.Option{itest.Binary(itest.BuildSidecar(t)), itest.ReadyTimeout(90 * time.Second), itest.Flags("--log-level", "debug")}
 	if dir := os.Getenv("JETORDER_CLUSTER_CHAOS_LOGS"); dir != "" {
-		opts = append(opts, itest.Flags("--log-level", "debug"))
 		t.Cleanup(func() { r.writeLogs(dir) })
 	}
 	r.scs = make([]*itest.Sidecar, 3)
@@ -692,7 +693,7 @@ func (r *clusterChaosRun) inject(f clusterFault) (faultFigures, error) {
 func (r *clusterChaosRun) stuckReport(t time.Time) string {
 	answered := r.probe.lastAnswer(r.stream)
 	k, i := r.flow.firstStuck(t)
-	where := r.whereIs(k, i)
+	where, _ := r.whereIs(k, i)
 	if dir := os.Getenv("JETORDER_CLUSTER_CHAOS_LOGS"); dir != "" {
 		_ = os.MkdirAll(dir, 0o755)
 		_ = os.WriteFile(filepath.Join(dir, "stream.txt"), []byte(where), 0o644)
@@ -758,21 +759,23 @@ func (r *clusterChaosRun) sidecarStates() string {
 }
 
 // whereIs reports, for a diagnosis, where the stream has the messages of
-// key k from index i on, and what the partition consumers say of them.
-func (r *clusterChaosRun) whereIs(k, i int) string {
+// key k from index i on (and returns their stream sequences), and what
+// the subscription's consumers say of them.
+func (r *clusterChaosRun) whereIs(k, i int) (string, []uint64) {
 	if k < 0 {
-		return ""
+		return "", nil
 	}
 	var b strings.Builder
+	var seqs []uint64
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	s, err := r.js.Stream(ctx, r.stream)
 	if err != nil {
-		return err.Error()
+		return err.Error(), nil
 	}
 	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		return err.Error()
+		return err.Error(), nil
 	}
 	info, _ := s.Info(ctx)
 	fmt.Fprintf(&b, "stream: %+v\n", info.State)
@@ -788,6 +791,7 @@ func (r *clusterChaosRun) whereIs(k, i int) string {
 			if strings.HasPrefix(string(m.Data()), prefix) {
 				if _, idx, err := ordercheck.Decode(m.Data()); err == nil && idx >= i && idx < i+3 {
 					md, _ := m.Metadata()
+					seqs = append(seqs, md.Sequence.Stream)
 					fmt.Fprintf(&b, "%s seq %d subject %s\n", m.Data(), md.Sequence.Stream, m.Subject())
 				}
 			}
@@ -799,6 +803,31 @@ func (r *clusterChaosRun) whereIs(k, i int) string {
 	for name := range s.ListConsumers(ctx).Info() {
 		fmt.Fprintf(&b, "consumer %s filter %s: delivered %+v ack floor %+v pending %d ack pending %d waiting %d\n",
 			name.Name, name.Config.FilterSubject, name.Delivered, name.AckFloor, name.NumPending, name.NumAckPending, name.NumWaiting)
+	}
+	return b.String(), seqs
+}
+
+// logLinesAbout is every sidecar's log lines (those of its killed
+// predecessors too) that name one of the stream sequences seqs.
+func (r *clusterChaosRun) logLinesAbout(seqs []uint64) string {
+	if len(seqs) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	r.logsMu.Lock()
+	defer r.logsMu.Unlock()
+	for n, sc := range r.scs {
+		name := "sidecar-" + strconv.Itoa(n)
+		var lines []string
+		for line := range strings.Lines(r.pastLogs[name] + sc.Log()) {
+			if slices.ContainsFunc(seqs, func(seq uint64) bool {
+				attr := " seq=" + strconv.FormatUint(seq, 10)
+				return strings.Contains(line, attr+" ") || strings.HasSuffix(strings.TrimSpace(line), attr)
+			}) {
+				lines = append(lines, line)
+			}
+		}
+		fmt.Fprintf(&b, "%s, %d lines:\n%s", name, len(lines), strings.Join(lines[max(0, len(lines)-60):], ""))
 	}
 	return b.String()
 }
@@ -821,7 +850,9 @@ func (r *clusterChaosRun) diagnose(missing string, violations []string) {
 		}
 	}
 	if found {
-		r.t.Logf("where key k%d's messages %d to %d are:\n%s", k, i, i+2, r.whereIs(k, i))
+		where, seqs := r.whereIs(k, i)
+		r.t.Logf("where key k%d's messages %d to %d are:\n%s", k, i, i+2, where)
+		r.t.Logf("the sidecars' log lines about them (stream sequences %v):\n%s", seqs, r.logLinesAbout(seqs))
 	}
 	r.t.Logf("the sidecars:\n%s", r.sidecarStates())
 }
