@@ -693,7 +693,7 @@ func (r *clusterChaosRun) inject(f clusterFault) (faultFigures, error) {
 func (r *clusterChaosRun) stuckReport(t time.Time) string {
 	answered := r.probe.lastAnswer(r.stream)
 	k, i := r.flow.firstStuck(t)
-	where, _ := r.whereIs(k, i)
+	where, seqs := r.whereIs(k, i)
 	if dir := os.Getenv("JETORDER_CLUSTER_CHAOS_LOGS"); dir != "" {
 		_ = os.MkdirAll(dir, 0o755)
 		_ = os.WriteFile(filepath.Join(dir, "stream.txt"), []byte(where), 0o644)
@@ -709,7 +709,7 @@ func (r *clusterChaosRun) stuckReport(t time.Time) string {
 		}
 	}
 	if where != "" {
-		where = "\nwhere its messages are:\n" + where
+		where = "\nwhere its messages are:\n" + where + "the sidecars' log lines about them:\n" + r.logLinesAbout(seqs)
 	}
 	return fmt.Sprintf("%s; the last publish error: %v; the stream's leader (%s) last answered %s; deliveries per sidecar %d/%d/%d%s\n%s",
 		r.flow.stuck(t), r.lastPubErr.Load(), r.probe.streamLeader(), answered.UTC().Format("15:04:05.000"),
