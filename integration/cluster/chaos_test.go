@@ -31,6 +31,7 @@ import (
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
+	"github.com/jetorder/jetorder/keyrouter"
 )
 
 // chaosCluster is three nats-server processes in a cluster whose every
@@ -767,38 +768,42 @@ func (r *clusterChaosRun) whereIs(k, i int) (string, []uint64) {
 	}
 	var b strings.Builder
 	var seqs []uint64
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := r.js.Stream(ctx, r.stream)
 	if err != nil {
 		return err.Error(), nil
 	}
-	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	// The key's own subject, read to its end: a fetch that comes back
+	// empty (a busy cluster) is tried again, not taken for the end.
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{keyrouter.KeyedSubject(itest.Project, "cluster-topic", "k"+strconv.Itoa(k))}})
 	if err != nil {
 		return err.Error(), nil
 	}
 	info, _ := s.Info(ctx)
 	fmt.Fprintf(&b, "stream: %+v\n", info.State)
-	prefix := fmt.Sprintf("k%d|", k)
-	for {
+	complete := false
+	readUntil := time.Now().Add(15 * time.Second) // what is left of ctx lists the consumers
+	for !complete && time.Now().Before(readUntil) {
 		msgs, err := c.Fetch(500, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			break
+			continue
 		}
-		n := 0
 		for m := range msgs.Messages() {
-			n++
-			if strings.HasPrefix(string(m.Data()), prefix) {
-				if _, idx, err := ordercheck.Decode(m.Data()); err == nil && idx >= i && idx < i+3 {
-					md, _ := m.Metadata()
-					seqs = append(seqs, md.Sequence.Stream)
-					fmt.Fprintf(&b, "%s seq %d subject %s\n", m.Data(), md.Sequence.Stream, m.Subject())
-				}
+			md, _ := m.Metadata()
+			complete = md.NumPending == 0
+			if _, idx, err := ordercheck.Decode(m.Data()); err == nil && idx >= i && idx < i+3 {
+				seqs = append(seqs, md.Sequence.Stream)
+				fmt.Fprintf(&b, "%s seq %d subject %s\n", m.Data(), md.Sequence.Stream, m.Subject())
 			}
 		}
-		if n == 0 {
-			break
-		}
+	}
+	switch {
+	case !complete:
+		b.WriteString("the key's messages not read to their end within 15 s\n")
+	case len(seqs) == 0:
+		fmt.Fprintf(&b, "none of k%d's messages %d to %d is in the stream\n", k, i, i+2)
 	}
 	for name := range s.ListConsumers(ctx).Info() {
 		fmt.Fprintf(&b, "consumer %s filter %s: delivered %+v ack floor %+v pending %d ack pending %d waiting %d\n",
