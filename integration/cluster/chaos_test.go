@@ -750,7 +750,9 @@ func (r *clusterChaosRun) sidecarStates() string {
 		}
 		var lines []string
 		for line := range strings.Lines(sc.Log()) {
-			if strings.Contains(line, "partition") {
+			// Not the debug line every pull start writes: it would crowd
+			// out the hand-overs and fences.
+			if strings.Contains(line, "partition") && !strings.Contains(line, `msg="pulling partition"`) {
 				lines = append(lines, line)
 			}
 		}
