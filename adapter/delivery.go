@@ -148,8 +148,11 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 			d.home.confirmLater(d)
 			return
 		}
-		if _, perKey := d.r.mode.(*perKeyMode); perKey && (kind == ackAck || kind == ackTerminate) {
-			d.r.noteAck(d)
+		if _, perKey := d.r.mode.(*perKeyMode); perKey {
+			if kind == ackAck || kind == ackTerminate {
+				d.r.noteAck(d)
+			}
+			d.r.traceKey("key consumer delivery finished", d.key.consumer, d.key.seq, "payload", string(payload))
 		}
 		d.home.release(d, false)
 		if err := d.r.c.nc.Publish(d.reply, payload); err != nil {
@@ -228,6 +231,7 @@ func (d *delivery) ackConfirmed(ctx context.Context) error {
 		// Nobody received it, so the server does not have it: the
 		// message is unacked there, as after a nack.
 		d.ackState.Store(ackRefused)
+		r.forgetAck(d)
 		d.home.release(d, false)
 		return fmt.Errorf("%w: nobody took the ack (its consumer is gone): %w", ErrAckInvalid, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"strconv"
 	"strings"
@@ -535,8 +536,19 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	if err != nil {
 		return // not a JetStream delivery (nothing else is sent here)
 	}
-	if strings.HasPrefix(meta.Consumer, keyrouter.KeyConsumerPrefix(r.rec.Project, r.rec.nameID())) &&
-		(meta.NumDelivered > 1 || time.Since(meta.Timestamp) > r.staleCheckAge()) {
+	keyConsumer := r.isKeyConsumer(meta.Consumer)
+	if keyConsumer {
+		r.traceKey("key consumer delivery arrived", meta.Consumer, meta.Sequence.Stream, "dseq", meta.Sequence.Consumer, "attempt", meta.NumDelivered)
+		r.mu.Lock()
+		acked := r.ackedHereLocked(meta.Consumer, meta.Sequence.Stream)
+		r.mu.Unlock()
+		if acked {
+			// Not worth asking anyone about (arrive drops it).
+			r.dropAckedHere(m, meta)
+			return
+		}
+	}
+	if keyConsumer && (meta.NumDelivered > 1 || time.Since(meta.Timestamp) > r.staleCheckAge()) {
 		// A key consumer's redelivery, or a message stored a while ago:
 		// either may no longer be the key's to deliver. Asked off the
 		// delivery goroutine, which every key shares.
@@ -634,6 +646,7 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			}
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
 			cancel()
+			r.traceKey("key consumer delivery dropped: the consumer is gone", meta.Consumer, seq, "dseq", dseq)
 			return false // gone with its messages
 		case r.hctx.Err() != nil:
 			cancel()
@@ -670,6 +683,16 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			return r.handBackUnasked(m)
 		}
 	}
+}
+
+// traceKey logs, at debug level, a step of a delivery's way through the
+// receiver: what a fault test's diagnosis reads to follow a message. The
+// level is checked first, as it runs for every message.
+func (r *receiver) traceKey(msg, consumer string, seq uint64, args ...any) {
+	if !r.c.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	r.c.cfg.logger.Debug(msg, append([]any{"subscription", r.sub.id, "consumer", consumer, "seq", seq}, args...)...)
 }
 
 // pauseBeforeAsking waits a little before a delivery's check asks again;
@@ -713,10 +736,19 @@ func (r *receiver) arrive(m *nats.Msg, meta *nats.MsgMetadata) {
 	d := r.newDelivery(r, arrival{subject: m.Subject, reply: m.Reply, header: m.Header, data: m.Data,
 		consumer: meta.Consumer, seq: meta.Sequence.Stream, attempt: meta.NumDelivered, published: meta.Timestamp})
 	r.mu.Lock()
+	if r.isKeyConsumer(meta.Consumer) && r.ackedHereLocked(meta.Consumer, meta.Sequence.Stream) {
+		// Checked here, under the lock noteAck takes, as well as on
+		// arrival: an ack sent while keyDeliveryDue asked about this
+		// copy is seen.
+		r.mu.Unlock()
+		r.dropAckedHere(m, meta)
+		return
+	}
 	if r.revokedLocked(d.key, meta.Sequence.Consumer) {
 		// Handed back by a take-over while on its way here: its next
 		// delivery runs, here or elsewhere.
 		r.mu.Unlock()
+		r.traceKey("key consumer delivery dropped: handed back while on its way", meta.Consumer, meta.Sequence.Stream, "dseq", meta.Sequence.Consumer)
 		return
 	}
 	if _, dup := r.held[d.key]; dup {
@@ -724,6 +756,7 @@ func (r *receiver) arrive(m *nats.Msg, meta *nats.MsgMetadata) {
 		// passed while it waited): keep the copy we have. Even when
 		// stopping: a nack would let it run elsewhere beside our handler.
 		r.mu.Unlock()
+		r.traceKey("delivery dropped: a copy of a message held here", meta.Consumer, meta.Sequence.Stream, "dseq", meta.Sequence.Consumer)
 		return
 	}
 	if r.stopping {
@@ -800,8 +833,17 @@ func (r *receiver) release(d *delivery, _ bool) {
 	r.mu.Unlock()
 }
 
-func (r *receiver) confirmsAcks() bool       { return false }
-func (r *receiver) ackSending(*delivery)     {}
+func (r *receiver) confirmsAcks() bool { return false }
+
+// ackSending records a per-key delivery's ack as finishWith does, for the
+// ack AckWithResult sends.
+func (r *receiver) ackSending(d *delivery) {
+	if _, perKey := r.mode.(*perKeyMode); perKey {
+		r.noteAck(d)
+		r.traceKey("key consumer delivery finished", d.key.consumer, d.key.seq, "payload", "+ACK, confirmed")
+	}
+}
+
 func (r *receiver) confirmLater(d *delivery) { r.release(d, true) }
 
 // handOver: JetStream's per-key consumers (MaxAckPending 1) deliver a

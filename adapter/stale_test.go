@@ -141,3 +141,91 @@ func TestKeyDeliveryDue(t *testing.T) {
 		t.Error("a redelivery of m1 no other receiver holds: not due")
 	}
 }
+
+// A key consumer's delivery of a message this receiver's handler acked
+// (its ack late or lost on the way, the consumer delivered it again) is
+// acked again and dropped, whatever its attempt or age: the key's next
+// message may already be in another receiver's handler.
+func TestKeyDeliveryOfMessageAckedHere(t *testing.T) {
+	srv := testutil.Server(t)
+	nc := testutil.Connect(t, srv.ClientURL())
+	c, err := NewClient(nc, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	topic, err := c.CreateTopic(ctx, "tpc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.CreateSubscription(ctx, "sub", SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: DeliveryPerKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := sub.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer := keyrouter.KeyConsumer("p", "sub", "k")
+	r := &receiver{c: c, sub: sub, rec: rec, hctx: ctx, held: make(map[heldKey]*delivery), lastAcks: make(map[string]lastAck)}
+	r.mode = &perKeyMode{r: r}
+	d := &delivery{r: r, key: heldKey{consumer: consumer, seq: 7}}
+	r.noteAck(d)
+
+	for _, c := range []struct {
+		seq  uint64
+		want bool
+	}{{6, true}, {7, true}, {8, false}} {
+		r.mu.Lock()
+		got, other := r.ackedHereLocked(consumer, c.seq), r.ackedHereLocked(keyrouter.KeyConsumer("p", "sub", "other"), c.seq)
+		r.mu.Unlock()
+		if got != c.want {
+			t.Errorf("acked here (seq %d) = %v, want %v", c.seq, got, c.want)
+		}
+		if other {
+			t.Errorf("acked here (another consumer, seq %d) = true", c.seq)
+		}
+	}
+
+	acks, err := nc.SubscribeSync("$JS.ACK.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// On arrival, and in arrive itself (a copy whose checks were under
+	// way when the ack was sent).
+	for _, attempt := range []uint64{1, 2, 3} {
+		reply := fmt.Sprintf("$JS.ACK.%s.%s.%d.7.%d.%d.0", rec.stream(), consumer, attempt, 10+attempt, time.Now().UnixNano())
+		m := &nats.Msg{Subject: "deliver", Sub: &nats.Subscription{}, Reply: reply}
+		if attempt < 3 {
+			r.onMsg(m)
+		} else {
+			meta, err := m.Metadata()
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.arrive(m, meta)
+		}
+		a, err := acks.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("attempt %d: no ack again: %v", attempt, err)
+		}
+		if a.Subject != reply || string(a.Data) != "+ACK" {
+			t.Fatalf("attempt %d: sent %q to %s, want +ACK to %s", attempt, a.Data, a.Subject, reply)
+		}
+		r.mu.Lock()
+		held := len(r.held)
+		r.mu.Unlock()
+		if held != 0 {
+			t.Fatalf("attempt %d: the copy is held", attempt)
+		}
+	}
+
+	// An ack nobody took is taken back: the redelivery is due.
+	r.forgetAck(d)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ackedHereLocked(consumer, 7) {
+		t.Error("acked here after forgetAck")
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/keyrouter"
@@ -145,6 +146,46 @@ func (r *receiver) noteAck(d *delivery) {
 	r.mu.Lock()
 	r.lastAcks[d.key.consumer] = lastAck{seq: d.key.seq, at: time.Now()}
 	r.mu.Unlock()
+}
+
+// forgetAck takes back noteAck for d, whose ack nobody took: its message
+// is unacked, and its redelivery is due.
+func (r *receiver) forgetAck(d *delivery) {
+	r.mu.Lock()
+	if a, ok := r.lastAcks[d.key.consumer]; ok && a.seq == d.key.seq {
+		delete(r.lastAcks, d.key.consumer)
+	}
+	r.mu.Unlock()
+}
+
+// ackedHereLocked reports whether a handler of this receiver acked the
+// key consumer's message seq, or a later one, lately (noteAck). With
+// MaxAckPending 1 a key consumer delivers a message only once the one
+// before is acked, so a delivery of seq is then a copy whose ack the
+// server has, or lost. r.mu is held.
+func (r *receiver) ackedHereLocked(consumer string, seq uint64) bool {
+	a, ok := r.lastAcks[consumer]
+	return ok && seq <= a.seq
+}
+
+// dropAckedHere drops a key consumer's delivery of a message this
+// receiver's handler acked, and acks it again. Its ack was late or lost
+// on its way (a paused server held it), so the consumer delivered it
+// again, and the key's next message may already be on its way to
+// another receiver: running the copy would put two messages of the key
+// in handlers at once, the earlier one after the later. The other
+// receivers' acks are asked about for redeliveries (keyDeliveryDue); this
+// receiver's own are known here.
+func (r *receiver) dropAckedHere(m *nats.Msg, meta *nats.MsgMetadata) {
+	r.c.cfg.logger.Debug("key consumer delivery of a message acked here: acked again, dropped", "subscription", r.sub.id,
+		"consumer", meta.Consumer, "seq", meta.Sequence.Stream, "dseq", meta.Sequence.Consumer, "attempt", meta.NumDelivered)
+	_ = r.c.nc.Publish(m.Reply, ackPayload[ackAck])
+}
+
+// isKeyConsumer says whether name is one of the subscription's key
+// consumers (not its shared one, whose messages are acked in any order).
+func (r *receiver) isKeyConsumer(name string) bool {
+	return strings.HasPrefix(name, keyrouter.KeyConsumerPrefix(r.rec.Project, r.rec.nameID()))
 }
 
 // join records this receiver as a member of the subscription.

@@ -132,7 +132,15 @@ type chaosFlow struct {
 
 type msgTimes struct {
 	began, stored, acked time.Time
-	handled              []int // the sidecars whose handlers got it, in order
+	handled              []int        // the sidecars whose handlers acked it, in order
+	runs                 []handlerRun // every handler that got it, a failed run's diagnosis
+}
+
+// handlerRun is one handler's run of a message: in which sidecar, from
+// when to when (zero while it runs).
+type handlerRun struct {
+	sidecar  int
+	from, to time.Time
 }
 
 func newChaosFlow(keys int) *chaosFlow {
@@ -158,10 +166,47 @@ func (f *chaosFlow) stored(k, i int) {
 	f.at(k, i).stored = time.Now()
 }
 
+// handling records that a handler of sidecar got message i of key k.
+func (f *chaosFlow) handling(k, i, sidecar int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.at(k, i)
+	m.runs = append(m.runs, handlerRun{sidecar: sidecar, from: time.Now()})
+}
+
+// describe says, for messages from to to of key k, when each was stored
+// and which sidecars' handlers ran it when.
+func (f *chaosFlow) describe(k, from, to int) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var b strings.Builder
+	clock := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format("15:04:05.000")
+	}
+	for i := max(from, 0); i <= to && i < len(f.keys[k]); i++ {
+		m := f.keys[k][i]
+		fmt.Fprintf(&b, "k%d|%d stored %s, first acked %s, handlers:", k, i, clock(m.stored), clock(m.acked))
+		for _, run := range m.runs {
+			fmt.Fprintf(&b, " sidecar-%d %s-%s", run.sidecar, clock(run.from), clock(run.to))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
 func (f *chaosFlow) acked(k, i, sidecar int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	m := f.at(k, i)
+	for j := len(m.runs) - 1; j >= 0; j-- {
+		if m.runs[j].sidecar == sidecar && m.runs[j].to.IsZero() {
+			m.runs[j].to = time.Now()
+			break
+		}
+	}
 	if m.acked.IsZero() {
 		m.acked = time.Now()
 		f.lastAck[k] = m.acked
@@ -491,6 +536,9 @@ func (r *clusterChaosRun) receive(sub string, ordered bool) {
 				return
 			}
 			r.chk.Delivered(sub, key, idx)
+			if ordered {
+				r.flow.handling(k, idx, i)
+			}
 			// A handler's work: two deliveries of a key at once, in two
 			// sidecars, would overlap here and the checker see it.
 			time.Sleep(2 * time.Millisecond)
@@ -860,6 +908,7 @@ func (r *clusterChaosRun) diagnose(missing string, violations []string) {
 		where, seqs := r.whereIs(k, i)
 		r.t.Logf("where key k%d's messages %d to %d are:\n%s", k, i, i+2, where)
 		r.t.Logf("the sidecars' log lines about them (stream sequences %v):\n%s", seqs, r.logLinesAbout(seqs))
+		r.t.Logf("the handlers that ran them:\n%s", r.flow.describe(k, i-2, i+2))
 	}
 	r.t.Logf("the sidecars:\n%s", r.sidecarStates())
 }
