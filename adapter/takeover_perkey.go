@@ -75,9 +75,9 @@ func encodeHoldChecks(cs []holdCheck) []byte {
 // answerHoldCheck answers a hold check (a line "consumer seq dseq" per
 // message), a sweep's or a receiver's about a redelivery it got
 // (receiver.heldElsewhere): the lines "consumer seq" of the messages this
-// receiver holds, and "consumer seq acked" of those it acked lately, as
-// its consumer's last ack (their acks may not have reached the server
-// yet). Every one it does not hold it revokes.
+// receiver holds, and "consumer seq acked" of those it acked lately, or
+// acked a later message of their key lately (their acks may not have
+// reached the server yet). Every one it does not hold it revokes.
 func (r *receiver) answerHoldCheck(req []byte) []byte {
 	var held bytes.Buffer
 	now := time.Now()
@@ -98,7 +98,10 @@ func (r *receiver) answerHoldCheck(req []byte) []byte {
 			fmt.Fprintf(&held, "%s %d\n", f[0], seq)
 			continue
 		}
-		if a, ok := r.lastAcks[k.consumer]; ok && a.seq == seq {
+		if r.ackedHereLocked(k.consumer, seq) {
+			// This message, or a later one of its key (so this one was
+			// acked before it): a redelivery of it would take the key
+			// back.
 			fmt.Fprintf(&held, "%s %d acked\n", f[0], seq)
 		}
 		if rv := r.revoked[k]; rv.upTo < dseq {
