@@ -14,14 +14,10 @@ import (
 	"github.com/jetorder/jetorder/keyrouter"
 )
 
-// A key consumer's delivery that is no longer the key's to deliver is
-// found stale by asking the consumer; its current delivery is not. On a
-// cluster, a paused server hands stale ones on late: the first delivery
-// of a message whose redelivery went elsewhere and was acked while the key
-// went on, or the redelivery of a message whose ack the server lost after
-// delivering past it. (A client may not publish with a $JS.ACK reply, so
-// they are made here as the receiver would have been handed them.)
-func TestKeyDeliveryDue(t *testing.T) {
+// perKeySubscription is topic "tpc" of project "p" on a server of its own,
+// and its ordered subscription "sub" with per-key delivery.
+func perKeySubscription(t *testing.T) (*nats.Conn, *Client, *Topic, *Subscription) {
+	t.Helper()
 	srv := testutil.Server(t)
 	nc := testutil.Connect(t, srv.ClientURL())
 	c, err := NewClient(nc, "p")
@@ -38,6 +34,19 @@ func TestKeyDeliveryDue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return nc, c, topic, sub
+}
+
+// A key consumer's delivery that is no longer the key's to deliver is
+// found stale by asking the consumer; its current delivery is not. On a
+// cluster, a paused server hands stale ones on late: the first delivery
+// of a message whose redelivery went elsewhere and was acked while the key
+// went on, or the redelivery of a message whose ack the server lost after
+// delivering past it. (A client may not publish with a $JS.ACK reply, so
+// they are made here as the receiver would have been handed them.)
+func TestKeyDeliveryDue(t *testing.T) {
+	nc, c, topic, sub := perKeySubscription(t)
+	ctx := context.Background()
 	got := make(chan *Message, 3)
 	release := make(chan struct{})
 	rctx, stop := context.WithCancel(ctx)
@@ -147,22 +156,8 @@ func TestKeyDeliveryDue(t *testing.T) {
 // acked again and dropped, whatever its attempt or age: the key's next
 // message may already be in another receiver's handler.
 func TestKeyDeliveryOfMessageAckedHere(t *testing.T) {
-	srv := testutil.Server(t)
-	nc := testutil.Connect(t, srv.ClientURL())
-	c, err := NewClient(nc, "p")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	nc, c, _, sub := perKeySubscription(t)
 	ctx := context.Background()
-	topic, err := c.CreateTopic(ctx, "tpc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub, err := c.CreateSubscription(ctx, "sub", SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: DeliveryPerKey})
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec, err := sub.load(ctx)
 	if err != nil {
 		t.Fatal(err)
