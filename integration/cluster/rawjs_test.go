@@ -151,6 +151,10 @@ func TestRawJetStreamKeyConsumersUnderFaults(t *testing.T) {
 							f.mu.Unlock()
 							return
 						}
+						select { // "no responders" comes back at once
+						case <-time.After(50 * time.Millisecond):
+						case <-pubCtx.Done():
+						}
 					}
 				})
 			}
@@ -222,15 +226,17 @@ func TestRawJetStreamKeyConsumersUnderFaults(t *testing.T) {
 	}
 
 	leader := func() int {
-		for {
+		i := -1
+		testutil.Eventually(t, time.Minute, func() bool {
 			ictx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
 			info, err := stream.Info(ictx)
-			cancel()
 			if err == nil && info.Cluster != nil && strings.HasPrefix(info.Cluster.Leader, "c") {
-				i, _ := strconv.Atoi(info.Cluster.Leader[1:])
-				return i
+				i, _ = strconv.Atoi(info.Cluster.Leader[1:])
 			}
-		}
+			return i >= 0
+		}, "the stream has no leader")
+		return i
 	}
 	for n := range faults {
 		time.Sleep(3 * time.Second) // flowing between faults
