@@ -41,6 +41,8 @@ const (
 	// DefaultExpirationCheck is how often a sidecar looks for expired
 	// subscriptions.
 	DefaultExpirationCheck = 10 * time.Minute
+	// activityWriteTimeout bounds one write of a subscription's activity.
+	activityWriteTimeout = 10 * time.Second
 )
 
 // activityRecord is a subscription's JO_ACTIVITY record.
@@ -57,11 +59,12 @@ type activity struct {
 	now func() time.Time
 
 	mu      sync.Mutex
-	written map[string]time.Time // by subscription: the activity this process last wrote
+	written map[string]time.Time // by subscription: the activity this process last wrote, or is writing
+	closed  bool                 // no more writes start
 
 	ctx    context.Context // ends at close
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the check's goroutine
+	wg     sync.WaitGroup // the check's goroutine and the writes touch started
 }
 
 func newActivity(s *Server, js jetstream.JetStream, replicas int, now func() time.Time) *activity {
@@ -93,34 +96,58 @@ func (a *activity) start(period time.Duration) {
 	})
 }
 
-// close stops the check and waits for it to end.
+// close stops the check and the writes under way, and waits for them to
+// end.
 func (a *activity) close() {
+	a.mu.Lock()
+	a.closed = true
+	a.mu.Unlock()
 	a.cancel()
 	a.wg.Wait()
 }
 
 // touch records activity of subscription name now, unless this process
 // wrote one less than activityGranularity ago: an RPC of the subscription
-// pays for a write once an hour. A failure is logged; the next activity
-// tries again.
-func (a *activity) touch(ctx context.Context, name string) {
+// pays for a write once an hour. The write goes on in the background,
+// within activityWriteTimeout: no RPC waits for it (a cluster electing
+// the bucket's leader held an Acknowledge, and the keys whose acks it
+// carried, for the minute of its deadline). expire counts a write under
+// way. A failure is logged; the next activity tries again.
+func (a *activity) touch(name string) {
 	if a == nil {
 		return
 	}
 	now := a.now()
 	a.mu.Lock()
-	if last, ok := a.written[name]; ok && now.Sub(last) < activityGranularity {
+	if last, ok := a.written[name]; a.closed || ok && now.Sub(last) < activityGranularity {
 		a.mu.Unlock()
 		return
 	}
 	a.written[name] = now
+	a.wg.Add(1)
 	a.mu.Unlock()
-	if err := a.record(ctx, name, now); err != nil {
-		a.mu.Lock()
-		delete(a.written, name)
-		a.mu.Unlock()
-		a.s.log.Warn("subscription activity not recorded", "subscription", name, "err", err)
-	}
+	go func() {
+		defer a.wg.Done()
+		ctx, cancel := context.WithTimeout(a.ctx, activityWriteTimeout)
+		defer cancel()
+		if err := a.record(ctx, name, now); err != nil {
+			a.mu.Lock()
+			if a.written[name].Equal(now) {
+				delete(a.written, name)
+			}
+			a.mu.Unlock()
+			a.s.log.Warn("subscription activity not recorded", "subscription", name, "err", err)
+		}
+	}()
+}
+
+// lastTouched is the activity of subscription name this process wrote or
+// is writing, if any.
+func (a *activity) lastTouched(name string) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	at, ok := a.written[name]
+	return at, ok
 }
 
 // record writes subscription name's activity at at.
@@ -168,7 +195,7 @@ func (a *activity) check() {
 	attached := map[string]bool{}
 	for _, d := range a.s.dispatcherList() {
 		attached[d.name] = true
-		a.touch(ctx, d.name)
+		a.touch(d.name)
 	}
 	kv, err := a.kv.Open(ctx, a.js)
 	if err != nil {
@@ -214,6 +241,9 @@ func (a *activity) expire(ctx context.Context, kv jetstream.KeyValue, key string
 	ttl := decodeSubSettings(cfg.ServiceSettings).ExpirationMS
 	if ttl == nil || *ttl <= 0 {
 		return nil // never expires
+	}
+	if at, ok := a.lastTouched(rec.Name); ok && at.After(rec.At) {
+		rec.At = at // written here lately, or being written
 	}
 	idle := a.now().Sub(rec.At)
 	if idle < time.Duration(*ttl)*time.Millisecond+activityGranularity {

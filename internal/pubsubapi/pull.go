@@ -61,7 +61,7 @@ func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 		return err
 	}
 	defer d.detach()
-	s.activity.touch(ctx, d.name)
+	s.activity.touch(d.name)
 	if d.push.Load() != nil {
 		return errPushSubscription
 	}
@@ -443,7 +443,7 @@ func (s *Server) Pull(ctx context.Context, req *pb.PullRequest) (*pb.PullRespons
 		return nil, err
 	}
 	defer d.detach()
-	s.activity.touch(ctx, d.name)
+	s.activity.touch(d.name)
 	if d.push.Load() != nil {
 		return nil, errPushSubscription
 	}
@@ -518,7 +518,7 @@ func (s *Server) Acknowledge(ctx context.Context, req *pb.AcknowledgeRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	s.activity.touch(ctx, req.GetSubscription())
+	s.activity.touch(req.GetSubscription())
 	return &emptypb.Empty{}, nil
 }
 
@@ -536,7 +536,7 @@ func (s *Server) ModifyAckDeadline(ctx context.Context, req *pb.ModifyAckDeadlin
 	if err != nil {
 		return nil, err
 	}
-	s.activity.touch(ctx, req.GetSubscription())
+	s.activity.touch(req.GetSubscription())
 	return &emptypb.Empty{}, nil
 }
 

@@ -344,7 +344,7 @@ func (s *Server) Seek(ctx context.Context, req *pb.SeekRequest) (*pb.SeekRespons
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	s.activity.touch(ctx, req.GetSubscription())
+	s.activity.touch(req.GetSubscription())
 	return &pb.SeekResponse{}, nil
 }
 

@@ -282,7 +282,7 @@ func (s *Server) UpdateSubscription(ctx context.Context, req *pb.UpdateSubscript
 	if s.pusher != nil {
 		s.pusher.poke(name)
 	}
-	s.activity.touch(ctx, name)
+	s.activity.touch(name)
 	return s.subscriptionProto(ctx, sub)
 }
 
