@@ -66,9 +66,11 @@ func (f *rawFlow) caughtUp() bool {
 // checks that no key's consumer delivers a message before the key's
 // previous one, and that every stored message is delivered.
 //
-// It is a diagnosis, not part of make test: JETORDER_RAW_CHAOS=N runs N
-// faults (JETORDER_RAW_CHAOS_FAULTS: a comma list of partition, pause,
-// kill; all by default).
+// It is a control for the cluster chaos test, not part of make test:
+// JETORDER_RAW_CHAOS=N runs N faults (JETORDER_RAW_CHAOS_FAULTS: a comma
+// list of partition, pause, kill; all by default), and
+// JETORDER_RAW_CHAOS_PAUSES=1 adds the pauses and resumes of idle key
+// consumers that per-key clean-up makes (docs/RELIABILITY.md).
 func TestRawJetStreamKeyConsumersUnderFaults(t *testing.T) {
 	faults, _ := strconv.Atoi(os.Getenv("JETORDER_RAW_CHAOS"))
 	if faults <= 0 {
