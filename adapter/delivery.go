@@ -231,7 +231,6 @@ func (d *delivery) ackConfirmed(ctx context.Context) error {
 		// Nobody received it, so the server does not have it: the
 		// message is unacked there, as after a nack.
 		d.ackState.Store(ackRefused)
-		r.forgetAck(d)
 		d.home.release(d, false)
 		return fmt.Errorf("%w: nobody took the ack (its consumer is gone): %w", ErrAckInvalid, err)
 	}

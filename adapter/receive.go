@@ -540,7 +540,7 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	if keyConsumer {
 		r.traceKey("key consumer delivery arrived", meta.Consumer, meta.Sequence.Stream, "dseq", meta.Sequence.Consumer, "attempt", meta.NumDelivered)
 		r.mu.Lock()
-		acked := r.ackedHereLocked(meta.Consumer, meta.Sequence.Stream)
+		acked := r.ackedHereLocked(meta.Consumer, meta.Sequence.Stream, meta.Timestamp)
 		r.mu.Unlock()
 		if acked {
 			// Not worth asking anyone about (arrive drops it).
@@ -736,7 +736,7 @@ func (r *receiver) arrive(m *nats.Msg, meta *nats.MsgMetadata) {
 	d := r.newDelivery(r, arrival{subject: m.Subject, reply: m.Reply, header: m.Header, data: m.Data,
 		consumer: meta.Consumer, seq: meta.Sequence.Stream, attempt: meta.NumDelivered, published: meta.Timestamp})
 	r.mu.Lock()
-	if r.isKeyConsumer(meta.Consumer) && r.ackedHereLocked(meta.Consumer, meta.Sequence.Stream) {
+	if r.isKeyConsumer(meta.Consumer) && r.ackedHereLocked(meta.Consumer, meta.Sequence.Stream, meta.Timestamp) {
 		// Checked here, under the lock noteAck takes, as well as on
 		// arrival: an ack sent while keyDeliveryDue asked about this
 		// copy is seen.
@@ -825,7 +825,15 @@ func (r *receiver) current(d *delivery) *delivery {
 	return r.held[d.key]
 }
 
-func (r *receiver) release(d *delivery, _ bool) {
+// release lets d go. settled: its ack was confirmed (AckWithResult), and
+// for a per-key delivery it is recorded as finishWith records Ack's, now
+// that the server has it (before, the message comes back if the ack was
+// lost, as AckWithResult's error says it may).
+func (r *receiver) release(d *delivery, settled bool) {
+	if _, perKey := r.mode.(*perKeyMode); perKey && settled {
+		r.noteAck(d)
+		r.traceKey("key consumer delivery finished", d.key.consumer, d.key.seq, "payload", "+ACK, confirmed")
+	}
 	r.mu.Lock()
 	if r.held[d.key] == d {
 		delete(r.held, d.key)
@@ -833,17 +841,8 @@ func (r *receiver) release(d *delivery, _ bool) {
 	r.mu.Unlock()
 }
 
-func (r *receiver) confirmsAcks() bool { return false }
-
-// ackSending records a per-key delivery's ack as finishWith does, for the
-// ack AckWithResult sends.
-func (r *receiver) ackSending(d *delivery) {
-	if _, perKey := r.mode.(*perKeyMode); perKey {
-		r.noteAck(d)
-		r.traceKey("key consumer delivery finished", d.key.consumer, d.key.seq, "payload", "+ACK, confirmed")
-	}
-}
-
+func (r *receiver) confirmsAcks() bool       { return false }
+func (r *receiver) ackSending(*delivery)     {}
 func (r *receiver) confirmLater(d *delivery) { r.release(d, true) }
 
 // handOver: JetStream's per-key consumers (MaxAckPending 1) deliver a

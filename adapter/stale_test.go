@@ -151,10 +151,15 @@ func TestKeyDeliveryDue(t *testing.T) {
 	}
 }
 
-// A key consumer's delivery of a message this receiver's handler acked
-// (its ack late or lost on the way, the consumer delivered it again) is
-// acked again and dropped, whatever its attempt or age: the key's next
-// message may already be in another receiver's handler.
+// A key consumer's delivery of a message this receiver's handler acked,
+// or of an earlier one (its ack late or lost on the way, the consumer
+// delivered it again), is acked again and dropped, whatever its attempt
+// or age: the key's next message may already be in another receiver's
+// handler. A message stored well after the one acked (a topic created
+// again) is not taken for a copy, nor is anything once the receiver is
+// ending; an ack AckWithResult had confirmed counts, one it had not does
+// not, and a late ack of an earlier message does not take a later one
+// back.
 func TestKeyDeliveryOfMessageAckedHere(t *testing.T) {
 	nc, c, _, sub := perKeySubscription(t)
 	ctx := context.Background()
@@ -163,22 +168,34 @@ func TestKeyDeliveryOfMessageAckedHere(t *testing.T) {
 		t.Fatal(err)
 	}
 	consumer := keyrouter.KeyConsumer("p", "sub", "k")
-	r := &receiver{c: c, sub: sub, rec: rec, hctx: ctx, held: make(map[heldKey]*delivery), lastAcks: make(map[string]lastAck)}
+	r := &receiver{c: c, sub: sub, rec: rec, hctx: ctx, held: make(map[heldKey]*delivery), lastAcks: make(map[string]lastAck), fatalSet: make(chan struct{})}
 	r.mode = &perKeyMode{r: r}
-	d := &delivery{r: r, key: heldKey{consumer: consumer, seq: 7}}
-	r.noteAck(d)
-
+	stored := time.Now()
+	delivery := func(seq uint64, stored time.Time) *delivery {
+		return &delivery{r: r, key: heldKey{consumer: consumer, seq: seq}, msg: &Message{PublishTime: stored}}
+	}
+	r.noteAck(delivery(7, stored))
+	r.noteAck(delivery(5, stored.Add(-time.Second))) // a late ack of an earlier one
+	ackedHere := func(consumer string, seq uint64, at time.Time) bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.ackedHereLocked(consumer, seq, at)
+	}
 	for _, c := range []struct {
 		seq  uint64
+		at   time.Time
 		want bool
-	}{{6, true}, {7, true}, {8, false}} {
-		r.mu.Lock()
-		got, other := r.ackedHereLocked(consumer, c.seq), r.ackedHereLocked(keyrouter.KeyConsumer("p", "sub", "other"), c.seq)
-		r.mu.Unlock()
-		if got != c.want {
-			t.Errorf("acked here (seq %d) = %v, want %v", c.seq, got, c.want)
+	}{
+		{6, stored.Add(-time.Millisecond), true},
+		{7, stored, true},
+		{7, time.Time{}, true}, // a hold check's question: no timestamp
+		{8, stored.Add(time.Millisecond), false},
+		{3, stored.Add(time.Minute), false}, // the topic created again
+	} {
+		if got := ackedHere(consumer, c.seq, c.at); got != c.want {
+			t.Errorf("acked here (seq %d stored %v) = %v, want %v", c.seq, c.at.Sub(stored), got, c.want)
 		}
-		if other {
+		if ackedHere(keyrouter.KeyConsumer("p", "sub", "other"), c.seq, c.at) {
 			t.Errorf("acked here (another consumer, seq %d) = true", c.seq)
 		}
 	}
@@ -190,7 +207,7 @@ func TestKeyDeliveryOfMessageAckedHere(t *testing.T) {
 	// On arrival, and in arrive itself (a copy whose checks were under
 	// way when the ack was sent).
 	for _, attempt := range []uint64{1, 2, 3} {
-		reply := fmt.Sprintf("$JS.ACK.%s.%s.%d.7.%d.%d.0", rec.stream(), consumer, attempt, 10+attempt, time.Now().UnixNano())
+		reply := fmt.Sprintf("$JS.ACK.%s.%s.%d.7.%d.%d.0", rec.stream(), consumer, attempt, 10+attempt, stored.UnixNano())
 		m := &nats.Msg{Subject: "deliver", Sub: &nats.Subscription{}, Reply: reply}
 		if attempt < 3 {
 			r.onMsg(m)
@@ -216,11 +233,20 @@ func TestKeyDeliveryOfMessageAckedHere(t *testing.T) {
 		}
 	}
 
-	// An ack nobody took is taken back: the redelivery is due.
-	r.forgetAck(d)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.ackedHereLocked(consumer, 7) {
-		t.Error("acked here after forgetAck")
+	// AckWithResult: recorded once the server confirmed the ack.
+	r.release(delivery(9, stored), false)
+	if ackedHere(consumer, 9, stored) {
+		t.Error("an ack not confirmed counts")
+	}
+	r.release(delivery(9, stored), true)
+	if !ackedHere(consumer, 9, stored) {
+		t.Error("a confirmed ack does not count")
+	}
+
+	// A receiver that is ending (its subscription deleted, perhaps
+	// created again under its name) takes nothing for a copy.
+	r.fail(ErrSubscriptionNotFound)
+	if ackedHere(consumer, 7, stored) {
+		t.Error("acked here after the receiver failed")
 	}
 }

@@ -98,7 +98,7 @@ func (r *receiver) answerHoldCheck(req []byte) []byte {
 			fmt.Fprintf(&held, "%s %d\n", f[0], seq)
 			continue
 		}
-		if r.ackedHereLocked(k.consumer, seq) {
+		if r.ackedHereLocked(k.consumer, seq, time.Time{}) {
 			// This message, or a later one of its key (so this one was
 			// acked before it): a redelivery of it would take the key
 			// back.
@@ -136,39 +136,53 @@ func (r *receiver) forgetRevocations() {
 }
 
 // lastAck is the last message of a consumer a handler of this receiver
-// acked (or terminated), and when.
+// acked (or terminated), when it was stored, and when it was acked.
 type lastAck struct {
-	seq uint64
-	at  time.Time
+	seq    uint64
+	stored time.Time // the message's stream timestamp
+	at     time.Time
 }
 
 // noteAck records d's ack as its consumer's last, before d is released:
 // a hold check sees d held, or acked, never neither while the ack is on
-// its way.
+// its way. A late ack of an earlier message does not take it back.
 func (r *receiver) noteAck(d *delivery) {
 	r.mu.Lock()
-	r.lastAcks[d.key.consumer] = lastAck{seq: d.key.seq, at: time.Now()}
-	r.mu.Unlock()
-}
-
-// forgetAck takes back noteAck for d, whose ack nobody took: its message
-// is unacked, and its redelivery is due.
-func (r *receiver) forgetAck(d *delivery) {
-	r.mu.Lock()
-	if a, ok := r.lastAcks[d.key.consumer]; ok && a.seq == d.key.seq {
-		delete(r.lastAcks, d.key.consumer)
+	if a, ok := r.lastAcks[d.key.consumer]; !ok || d.key.seq >= a.seq {
+		var stored time.Time
+		if d.msg != nil {
+			stored = d.msg.PublishTime
+		}
+		r.lastAcks[d.key.consumer] = lastAck{seq: d.key.seq, stored: stored, at: time.Now()}
 	}
 	r.mu.Unlock()
 }
+
+// storedSlack is how much later than the last acked message a message of
+// a key consumer at or before its sequence may have been stored and still
+// be taken for a copy: the stream's leaders' clocks may differ by that
+// much across a failover.
+const storedSlack = time.Second
 
 // ackedHereLocked reports whether a handler of this receiver acked the
 // key consumer's message seq, or a later one, lately (noteAck). With
 // MaxAckPending 1 a key consumer delivers a message only once the one
 // before is acked, so a delivery of seq is then a copy whose ack the
-// server has, or lost. r.mu is held.
-func (r *receiver) ackedHereLocked(consumer string, seq uint64) bool {
+// server has, or lost. stored, when known, is the delivery's stream
+// timestamp: a message stored after the one acked here is not a copy
+// (the topic was deleted and created again, its sequences starting
+// over). A receiver that is ending (its subscription deleted, maybe
+// created again under the same name) answers false: its acks are of
+// another subscription's messages. r.mu is held.
+func (r *receiver) ackedHereLocked(consumer string, seq uint64, stored time.Time) bool {
 	a, ok := r.lastAcks[consumer]
-	return ok && seq <= a.seq
+	switch {
+	case !ok || r.fatal != nil || seq > a.seq:
+		return false
+	case !stored.IsZero() && !a.stored.IsZero() && stored.After(a.stored.Add(storedSlack)):
+		return false
+	}
+	return true
 }
 
 // dropAckedHere drops a key consumer's delivery of a message this

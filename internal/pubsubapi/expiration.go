@@ -136,7 +136,9 @@ func (a *activity) touch(name string) {
 				delete(a.written, name)
 			}
 			a.mu.Unlock()
-			a.s.log.Warn("subscription activity not recorded", "subscription", name, "err", err)
+			if a.ctx.Err() == nil { // not the close
+				a.s.log.Warn("subscription activity not recorded", "subscription", name, "err", err)
+			}
 		}
 	}()
 }
