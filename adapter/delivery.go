@@ -152,7 +152,7 @@ func (d *delivery) finishWith(kind ackKind, payload []byte) {
 			if kind == ackAck || kind == ackTerminate {
 				d.r.noteAck(d)
 			}
-			d.r.traceKey("key consumer delivery finished", d.key.consumer, d.key.seq, "payload", string(payload))
+			d.r.traceFinished(d, payload)
 		}
 		d.home.release(d, false)
 		if err := d.r.c.nc.Publish(d.reply, payload); err != nil {

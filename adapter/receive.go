@@ -538,7 +538,9 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	}
 	keyConsumer := r.isKeyConsumer(meta.Consumer)
 	if keyConsumer {
-		r.traceKey("key consumer delivery arrived", meta.Consumer, meta.Sequence.Stream, "dseq", meta.Sequence.Consumer, "attempt", meta.NumDelivered)
+		r.traceKey("key consumer delivery arrived", meta.Consumer, meta.Sequence.Stream, meta.Sequence.Consumer, meta.NumDelivered)
+	}
+	if keyConsumer && (meta.NumDelivered > 1 || time.Since(meta.Timestamp) > r.staleCheckAge()) {
 		r.mu.Lock()
 		acked := r.ackedHereLocked(meta.Consumer, meta.Sequence.Stream, meta.Timestamp)
 		r.mu.Unlock()
@@ -547,8 +549,6 @@ func (r *receiver) onMsg(m *nats.Msg) {
 			r.dropAckedHere(m, meta)
 			return
 		}
-	}
-	if keyConsumer && (meta.NumDelivered > 1 || time.Since(meta.Timestamp) > r.staleCheckAge()) {
 		// A key consumer's redelivery, or a message stored a while ago:
 		// either may no longer be the key's to deliver. Asked off the
 		// delivery goroutine, which every key shares.
@@ -646,7 +646,7 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			}
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
 			cancel()
-			r.traceKey("key consumer delivery dropped: the consumer is gone", meta.Consumer, seq, "dseq", dseq)
+			r.traceKey("key consumer delivery dropped: the consumer is gone", meta.Consumer, seq, dseq, meta.NumDelivered)
 			return false // gone with its messages
 		case r.hctx.Err() != nil:
 			cancel()
@@ -685,14 +685,27 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 	}
 }
 
-// traceKey logs, at debug level, a step of a delivery's way through the
-// receiver: what a fault test's diagnosis reads to follow a message. The
-// level is checked first, as it runs for every message.
-func (r *receiver) traceKey(msg, consumer string, seq uint64, args ...any) {
+// traceKey logs, at debug level, a step of a key consumer delivery's
+// way through the receiver: what a fault test's diagnosis reads to follow
+// a message. It runs for every message, so the level is checked before
+// anything is made of the arguments.
+func (r *receiver) traceKey(msg, consumer string, seq, dseq, attempt uint64) {
 	if !r.c.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
-	r.c.cfg.logger.Debug(msg, append([]any{"subscription", r.sub.id, "consumer", consumer, "seq", seq}, args...)...)
+	r.c.cfg.logger.Debug(msg, "subscription", r.sub.id, "consumer", consumer, "seq", seq, "dseq", dseq, "attempt", attempt)
+}
+
+// confirmedAckTrace is what traceFinished says of an ack the server
+// confirmed (AckWithResult).
+var confirmedAckTrace = []byte("+ACK, confirmed")
+
+// traceFinished logs, at debug level, how a per-key delivery ended.
+func (r *receiver) traceFinished(d *delivery, payload []byte) {
+	if !r.c.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	r.c.cfg.logger.Debug("key consumer delivery finished", "subscription", r.sub.id, "consumer", d.key.consumer, "seq", d.key.seq, "payload", string(payload))
 }
 
 // pauseBeforeAsking waits a little before a delivery's check asks again;
@@ -748,7 +761,7 @@ func (r *receiver) arrive(m *nats.Msg, meta *nats.MsgMetadata) {
 		// Handed back by a take-over while on its way here: its next
 		// delivery runs, here or elsewhere.
 		r.mu.Unlock()
-		r.traceKey("key consumer delivery dropped: handed back while on its way", meta.Consumer, meta.Sequence.Stream, "dseq", meta.Sequence.Consumer)
+		r.traceKey("key consumer delivery dropped: handed back while on its way", meta.Consumer, meta.Sequence.Stream, meta.Sequence.Consumer, meta.NumDelivered)
 		return
 	}
 	if _, dup := r.held[d.key]; dup {
@@ -756,7 +769,7 @@ func (r *receiver) arrive(m *nats.Msg, meta *nats.MsgMetadata) {
 		// passed while it waited): keep the copy we have. Even when
 		// stopping: a nack would let it run elsewhere beside our handler.
 		r.mu.Unlock()
-		r.traceKey("delivery dropped: a copy of a message held here", meta.Consumer, meta.Sequence.Stream, "dseq", meta.Sequence.Consumer)
+		r.traceKey("delivery dropped: a copy of a message held here", meta.Consumer, meta.Sequence.Stream, meta.Sequence.Consumer, meta.NumDelivered)
 		return
 	}
 	if r.stopping {
@@ -832,7 +845,7 @@ func (r *receiver) current(d *delivery) *delivery {
 func (r *receiver) release(d *delivery, settled bool) {
 	if _, perKey := r.mode.(*perKeyMode); perKey && settled {
 		r.noteAck(d)
-		r.traceKey("key consumer delivery finished", d.key.consumer, d.key.seq, "payload", "+ACK, confirmed")
+		r.traceFinished(d, confirmedAckTrace)
 	}
 	r.mu.Lock()
 	if r.held[d.key] == d {
