@@ -132,8 +132,7 @@ type chaosFlow struct {
 
 type msgTimes struct {
 	began, stored, acked time.Time
-	handled              []int        // the sidecars whose handlers acked it, in order
-	runs                 []handlerRun // every handler that got it, a failed run's diagnosis
+	runs                 []handlerRun // every handler that got it, in order
 }
 
 // handlerRun is one handler's run of a message: in which sidecar, from
@@ -211,7 +210,6 @@ func (f *chaosFlow) acked(k, i, sidecar int) {
 		m.acked = time.Now()
 		f.lastAck[k] = m.acked
 	}
-	m.handled = append(m.handled, sidecar)
 }
 
 // flowingSince reports whether every key has a message acked whose
@@ -261,9 +259,11 @@ func (f *chaosFlow) stuck(t time.Time) string {
 			}
 			var next []int
 			if last+1 < len(msgs) {
-				next = msgs[last+1].handled
+				for _, run := range msgs[last+1].runs {
+					next = append(next, run.sidecar)
+				}
 			}
-			out = append(out, fmt.Sprintf("k%d (acked up to %d, stored up to %d, %d begun; the next handled by sidecars %v)", k, last, stored, len(msgs), next))
+			out = append(out, fmt.Sprintf("k%d (acked up to %d, stored up to %d, %d begun; the next given to the handlers of sidecars %v)", k, last, stored, len(msgs), next))
 		}
 	}
 	return strings.Join(out, ", ")
@@ -838,6 +838,10 @@ func (r *clusterChaosRun) whereIs(k, i int) (string, []uint64) {
 	for !complete && time.Now().Before(readUntil) {
 		msgs, err := c.Fetch(500, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
+			select { // an error that comes back at once is not asked again at once
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+			}
 			continue
 		}
 		for m := range msgs.Messages() {
