@@ -72,14 +72,56 @@ func (f *rawFlow) caughtUp() bool {
 // JETORDER_RAW_CHAOS_PAUSES=1 adds the pauses and resumes of idle key
 // consumers that per-key clean-up makes (docs/RELIABILITY.md).
 func TestRawJetStreamKeyConsumersUnderFaults(t *testing.T) {
-	faults, _ := strconv.Atoi(os.Getenv("JETORDER_RAW_CHAOS"))
-	if faults <= 0 {
-		t.Skip("JETORDER_RAW_CHAOS=N runs it with N faults")
-	}
+	faults := rawChaosFaults(t)
 	kinds := strings.Split(os.Getenv("JETORDER_RAW_CHAOS_FAULTS"), ",")
 	if kinds[0] == "" {
 		kinds = []string{"partition", "pause", "kill"}
 	}
+	f, caught := runRawChaos(t, faults, kinds, os.Getenv("JETORDER_RAW_CHAOS_PAUSES") != "", 0)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range f.skips {
+		t.Error(s)
+	}
+	if !caught {
+		for k := range rawKeys {
+			if f.delivered[k] < f.stored[k]-1 {
+				t.Errorf("k%d: %d stored, delivered up to %d", k, f.stored[k], f.delivered[k])
+			}
+		}
+	}
+}
+
+// TestRawJetStreamNegativeControl: the raw run sees a consumer pass a
+// message. One partition of the stream's leader, with a receiver that
+// acks every tenth message of k0 without handling it, as a consumer that
+// passed it would look: the checker must report those skips.
+func TestRawJetStreamNegativeControl(t *testing.T) {
+	rawChaosFaults(t)
+	f, _ := runRawChaos(t, 1, []string{"partition"}, false, 10)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.skips) == 0 {
+		t.Fatal("no skip seen, with every tenth message of k0 acked unhandled")
+	}
+	t.Logf("%d skips seen, the first: %s", len(f.skips), f.skips[0])
+}
+
+// rawChaosFaults is JETORDER_RAW_CHAOS, the raw runs' number of faults;
+// without it they are skipped.
+func rawChaosFaults(t *testing.T) int {
+	faults, _ := strconv.Atoi(os.Getenv("JETORDER_RAW_CHAOS"))
+	if faults <= 0 {
+		t.Skip("JETORDER_RAW_CHAOS=N runs it with N faults")
+	}
+	return faults
+}
+
+// runRawChaos runs the raw run with faults of kinds in turn, the idle
+// consumers' pauses if pauses, and, if loseEvery > 0, a receiver that
+// acks every loseEvery-th message of k0 without handling it. It returns
+// the run's record and whether every stored message was delivered.
+func runRawChaos(t *testing.T, faults int, kinds []string, pauses bool, loseEvery int) (*rawFlow, bool) {
 	cl := newChaosCluster(t)
 	connect := func(urls ...string) *nats.Conn {
 		nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.ReconnectBufSize(-1), nats.DontRandomize())
@@ -121,6 +163,10 @@ func TestRawJetStreamKeyConsumersUnderFaults(t *testing.T) {
 		if _, err := rc.QueueSubscribe("rawdeliver", "g", func(m *nats.Msg) {
 			var k, idx int
 			if _, err := fmt.Sscanf(string(m.Data), "k%d %d", &k, &idx); err != nil || k < 0 || k >= rawKeys {
+				return
+			}
+			if loseEvery > 0 && k == 0 && idx%loseEvery == loseEvery-1 {
+				_ = m.Ack() // passed unhandled
 				return
 			}
 			f.deliver(k, idx, who)
@@ -172,7 +218,7 @@ func TestRawJetStreamKeyConsumersUnderFaults(t *testing.T) {
 	// The idle-consumer clean-up of per-key delivery, without its delete:
 	// a key with no message stored for 5 s has its consumer paused, looked
 	// at, and resumed (a pause that ends in a moment).
-	if os.Getenv("JETORDER_RAW_CHAOS_PAUSES") != "" {
+	if pauses {
 		cleanCtx, stopClean := context.WithCancel(context.Background())
 		cleanDone := make(chan struct{})
 		go func() {
@@ -269,20 +315,11 @@ func TestRawJetStreamKeyConsumersUnderFaults(t *testing.T) {
 	<-pubDone
 	caught := testutil.Poll(2*time.Minute, f.caughtUp)
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	total := 0
 	for _, s := range f.stored {
 		total += s
 	}
 	t.Logf("%d messages stored, %d deliveries, %d skips, %d pauses", total, f.handled, len(f.skips), f.paused)
-	for _, s := range f.skips {
-		t.Error(s)
-	}
-	if !caught {
-		for k := range rawKeys {
-			if f.delivered[k] < f.stored[k]-1 {
-				t.Errorf("k%d: %d stored, delivered up to %d", k, f.stored[k], f.delivered[k])
-			}
-		}
-	}
+	f.mu.Unlock()
+	return f, caught
 }
