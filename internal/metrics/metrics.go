@@ -35,10 +35,10 @@ type Registry struct {
 	published      *prometheus.CounterVec
 	publishLatency *prometheus.HistogramVec
 
-	delivered, redelivered, acked, nacked, expired, deadLettered *prometheus.CounterVec
-	deliveryLatency, ackLatency                                  *prometheus.HistogramVec
-	pushFailures                                                 *prometheus.CounterVec
-	didcommOpened, didcommFilled, didcommGivenUp, didcommCopies  *prometheus.CounterVec
+	delivered, redelivered, acked, nacked, expired, unread, deadLettered *prometheus.CounterVec
+	deliveryLatency, ackLatency                                          *prometheus.HistogramVec
+	pushFailures                                                         *prometheus.CounterVec
+	didcommOpened, didcommFilled, didcommGivenUp, didcommCopies          *prometheus.CounterVec
 
 	mu     sync.Mutex
 	subs   map[string]*Subscription
@@ -56,6 +56,7 @@ type Subscription struct {
 	Acked        prometheus.Counter  // acked by clients
 	Nacked       prometheus.Counter  // nacked (ModifyAckDeadline 0) or handed back
 	Expired      prometheus.Counter  // leases whose deadline passed
+	Unread       prometheus.Counter  // handed back when their stream ended unconfirmed
 	DeadLettered prometheus.Counter  // moved to the dead-letter topic
 	DeliveryLat  prometheus.Observer // stored to first hand-over, seconds
 	AckLat       prometheus.Observer // hand-over to ack, seconds
@@ -107,6 +108,7 @@ func NewFor(sidecar string) *Registry {
 	r.acked = vec("jetorder_acked_total", "subscription", "Messages acknowledged by subscribers.")
 	r.nacked = vec("jetorder_nacked_total", "subscription", "Messages handed back: nacked by subscribers (ModifyAckDeadline 0) or at shutdown.")
 	r.expired = vec("jetorder_lease_expired_total", "subscription", "Messages whose ack deadline passed without ack or extension.")
+	r.unread = vec("jetorder_stream_unread_returned_total", "subscription", "Messages handed back when the StreamingPull stream they went out on ended before its client confirmed them (also counted as nacked).")
 	r.deadLettered = vec("jetorder_dead_lettered_total", "subscription", "Messages moved to their subscription's dead-letter topic after the maximum delivery attempts.")
 	r.pushFailures = vec("jetorder_push_failures_total", "subscription", "Push requests the endpoint did not ack (an error status, a timeout, a refused connection): each nacks its message.")
 	r.deliveryLatency = histogram("jetorder_delivery_latency_seconds", "subscription", "Time from a message being stored to its first hand-over to a subscriber.")
@@ -147,6 +149,7 @@ func (r *Registry) Subscription(name string) *Subscription {
 		Acked:        r.acked.WithLabelValues(name),
 		Nacked:       r.nacked.WithLabelValues(name),
 		Expired:      r.expired.WithLabelValues(name),
+		Unread:       r.unread.WithLabelValues(name),
 		DeadLettered: r.deadLettered.WithLabelValues(name),
 		DeliveryLat:  r.deliveryLatency.WithLabelValues(name),
 		AckLat:       r.ackLatency.WithLabelValues(name),
@@ -208,7 +211,7 @@ func (r *Registry) Retain(keepSub, keepTopic func(name string) bool) {
 		}
 		delete(r.subs, name)
 		for _, v := range []interface{ DeleteLabelValues(...string) bool }{
-			r.delivered, r.redelivered, r.acked, r.nacked, r.expired, r.deadLettered, r.pushFailures,
+			r.delivered, r.redelivered, r.acked, r.nacked, r.expired, r.unread, r.deadLettered, r.pushFailures,
 			r.deliveryLatency, r.ackLatency, r.didcommOpened, r.didcommFilled, r.didcommGivenUp, r.didcommCopies,
 		} {
 			v.DeleteLabelValues(name)

@@ -1,10 +1,12 @@
 package pubsubapi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -101,10 +103,15 @@ type lease struct {
 	expireBy time.Time   // extensions stop here: the adapter's extension ends soon after
 	id       uint64      // 0 until handed to a client
 	flow     *flow       // the stream's flow control; nil for Pull
-	piped    bool        // guarded by d.mu: counted in its key's keyPipe
-	didcomm  *tracked    // what DIDComm tracking made of it; nil when untracked
-	timer    *time.Timer // guarded by d.mu
-	gone     bool        // guarded by d.mu: the handler has handed the message back
+	st       *pullStream // the stream it went out on; nil for Pull
+	// held: the client has shown it has the message (a deadline change,
+	// such as the receipt every Google client sends). A lease of an ended
+	// stream without it is handed back (releaseUnheld). Guarded by d.mu.
+	held    bool
+	piped   bool        // guarded by d.mu: counted in its key's keyPipe
+	didcomm *tracked    // what DIDComm tracking made of it; nil when untracked
+	timer   *time.Timer // guarded by d.mu
+	gone    bool        // guarded by d.mu: the handler has handed the message back
 	// Exactly-once delivery (ackConfirmed): acking counts the acks of the
 	// lease under way, and expired says its deadline passed meanwhile; the
 	// lease ends then only if none of them is confirmed. Both guarded by
@@ -582,7 +589,7 @@ func (d *dispatcher) lease(l *lease, st *pullStream, f *flow, deadline time.Dura
 	if f != nil {
 		f.take(l.size)
 	}
-	l.id, l.flow, l.leasedAt = id, f, time.Now()
+	l.id, l.flow, l.st, l.leasedAt = id, f, st, time.Now()
 	d.leases[id] = l
 	l.timer = time.AfterFunc(deadline, func() { d.expire(id) })
 	handOver := d.pipeLocked(l, st)
@@ -746,6 +753,7 @@ func (d *dispatcher) extend(id uint64, deadline time.Duration) bool {
 		return false
 	}
 	l.timer.Reset(min(deadline, time.Until(l.expireBy)))
+	l.held = true
 	l.expired = false // a deadline moved while an ack is being confirmed has not passed
 	return true
 }
@@ -774,6 +782,46 @@ func (d *dispatcher) drop(l *lease) bool {
 	}
 	d.m.Nacked.Inc()
 	return true
+}
+
+// unheldGrace is how long the leases of an ended stream wait for a sign
+// that its client has them. Google's clients confirm each message they
+// read with a deadline change (a receipt), sent within 100 ms: Go's
+// receipt ticker, Node's batched modacks.
+const unheldGrace = time.Second
+
+// streamEnded hands back, once unheldGrace has passed, the leases that
+// went out on st and that its client never showed it has. A client that
+// stops reading leaves them unread in its stream (the Go client, stopping,
+// sends its nacks before it closes its streams, and the messages nacked
+// come back on them at once): they go to the next subscriber now, not at
+// their deadlines. Leases the client has keep their deadlines, as in
+// Pub/Sub: it may still ack, nack or extend them. Handing back is safe for
+// order: a key's later message waits for the earlier ones still out, and a
+// lease handed back brings its key's later ones back after it (adapter,
+// gates.release).
+func (d *dispatcher) streamEnded(st *pullStream) {
+	time.AfterFunc(unheldGrace, func() { d.releaseUnheld(st) })
+}
+
+func (d *dispatcher) releaseUnheld(st *pullStream) {
+	d.mu.Lock()
+	var unheld []*lease
+	for id, l := range d.leases {
+		if l.st == st && !l.held && l.acking == 0 {
+			unheld = append(unheld, d.takeLocked(id))
+		}
+	}
+	d.mu.Unlock()
+	if len(unheld) == 0 {
+		return
+	}
+	slices.SortFunc(unheld, func(a, b *lease) int { return cmp.Compare(a.msg.StreamSequence, b.msg.StreamSequence) })
+	for _, l := range unheld {
+		d.ended(l, outReturned)
+	}
+	d.m.Unread.Add(float64(len(unheld)))
+	d.s.log.Debug("handed back the messages of an ended stream that its client never confirmed", "subscription", d.name, "messages", len(unheld), "peer", st.peer)
 }
 
 // messageProto is the Pub/Sub form of a delivered message. Headers written

@@ -72,6 +72,7 @@ func (s *Server) StreamingPull(stream pb.Subscriber_StreamingPullServer) error {
 	st.deadline.Store(int64(deadline))
 	d.addStream(st)
 	defer d.removeStream(st)
+	defer d.streamEnded(st)
 	defer close(st.stopped)
 	confirm, err := st.apply(first)
 	if err != nil {

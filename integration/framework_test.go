@@ -1,0 +1,333 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"testing"
+	"time"
+
+	pubsubv1 "cloud.google.com/go/pubsub"
+	"cloud.google.com/go/pubsub/v2"
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/itest"
+	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/sidecar"
+)
+
+// Frameworks built on Google's Go clients (v1, which most of them still
+// import, and v2) stop and start subscribers, and push hot keys. These
+// tests run the shapes such frameworks use against the sidecar under its
+// default flags (pipelined ordering where a test is about it) and against
+// Google's emulator in the same run, and assert that the sidecar does at
+// least as well: time bounds are the emulator's time plus a margin, not
+// absolute figures. The emulator has no delivery modes: in the per-key
+// pass the sidecar's figures are checked against the margin alone.
+
+// fwBackend is a server under test: a sidecar or Google's emulator.
+type fwBackend struct {
+	name, addr, project string
+	emulator            bool
+}
+
+func fwSidecar(t *testing.T, cfg sidecar.Config) fwBackend {
+	sc := itest.Start(t, cfg)
+	return fwBackend{name: "sidecar", addr: sc.GRPC, project: itest.Project}
+}
+
+// fwEmulator is Google's emulator, or false in the per-key pass.
+func fwEmulator(t *testing.T) (fwBackend, bool) {
+	if itest.Delivery == adapter.DeliveryPerKey {
+		return fwBackend{}, false
+	}
+	addr, project := itest.Emulator(t)
+	return fwBackend{name: "emulator", addr: addr, project: project, emulator: true}, true
+}
+
+// fwMessage is a message as a framework's handler sees it.
+type fwMessage struct {
+	key       string
+	index     int // ordercheck's numbering
+	ack, nack func()
+}
+
+// fwClient is one of Google's Go clients, reduced to what the tests use.
+type fwClient struct {
+	name string
+	// publish publishes msgs in order and waits for every result.
+	publish func(ctx context.Context, topic string, msgs []*pb.PubsubMessage) error
+	// receive runs the client's Receive on sub with its default settings.
+	receive func(ctx context.Context, sub string, f func(context.Context, fwMessage)) error
+}
+
+// fwClientKinds are the clients every test runs through.
+var fwClientKinds = []string{"v1", "v2"}
+
+// newFWClient is Google's Go client kind ("v1" or "v2") for backend b,
+// closed when the test ends.
+func newFWClient(t *testing.T, kind string, b fwBackend) fwClient {
+	t.Helper()
+	decode := func(data []byte, key string) fwMessage {
+		k, i, err := ordercheck.Decode(data)
+		if err != nil || k != key {
+			panic(fmt.Sprintf("message %q of key %q not written by this test", data, key))
+		}
+		return fwMessage{key: k, index: i}
+	}
+	switch kind {
+	case "v1":
+		c, err := pubsubv1.NewClient(context.Background(), b.project, itest.ClientOptions(b.addr)...)
+		if err != nil {
+			t.Fatalf("pubsub v1 NewClient: %v", err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return fwClient{
+			name: "v1",
+			publish: func(ctx context.Context, topic string, msgs []*pb.PubsubMessage) error {
+				tp := c.Topic(path.Base(topic)) // v1 takes ids
+				defer tp.Stop()
+				tp.EnableMessageOrdering = true
+				var results []*pubsubv1.PublishResult
+				for _, m := range msgs {
+					results = append(results, tp.Publish(ctx, &pubsubv1.Message{Data: m.Data, OrderingKey: m.OrderingKey}))
+				}
+				for _, r := range results {
+					if _, err := r.Get(ctx); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+			receive: func(ctx context.Context, sub string, f func(context.Context, fwMessage)) error {
+				return c.Subscription(path.Base(sub)).Receive(ctx, func(ctx context.Context, m *pubsubv1.Message) {
+					fm := decode(m.Data, m.OrderingKey)
+					fm.ack, fm.nack = m.Ack, m.Nack
+					f(ctx, fm)
+				})
+			},
+		}
+	case "v2":
+		c := itest.GoClientOf(t, b.addr, b.project)
+		return fwClient{
+			name: "v2",
+			publish: func(ctx context.Context, topic string, msgs []*pb.PubsubMessage) error {
+				p := c.Publisher(topic)
+				defer p.Stop()
+				p.EnableMessageOrdering = true
+				var results []*pubsub.PublishResult
+				for _, m := range msgs {
+					results = append(results, p.Publish(ctx, &pubsub.Message{Data: m.Data, OrderingKey: m.OrderingKey}))
+				}
+				for _, r := range results {
+					if _, err := r.Get(ctx); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+			receive: func(ctx context.Context, sub string, f func(context.Context, fwMessage)) error {
+				return c.Subscriber(sub).Receive(ctx, func(ctx context.Context, m *pubsub.Message) {
+					fm := decode(m.Data, m.OrderingKey)
+					fm.ack, fm.nack = m.Ack, m.Nack
+					f(ctx, fm)
+				})
+			},
+		}
+	}
+	t.Fatalf("no Go client %q", kind)
+	return fwClient{}
+}
+
+// fwSetup creates a topic and a subscription (ordered or not, with labels)
+// on b through the v2 admin clients, and publishes perKey messages on each
+// of keys ("" publishes unkeyed messages) through c, numbered for chk.
+func fwSetup(t *testing.T, b fwBackend, c fwClient, id string, ordered bool, labels map[string]string, keys []string, perKey int, chk *ordercheck.Checker) (sub string) {
+	t.Helper()
+	admin := itest.GoClientOf(t, b.addr, b.project)
+	ctx := context.Background()
+	topic := "projects/" + b.project + "/topics/" + id
+	sub = "projects/" + b.project + "/subscriptions/" + id + "-sub"
+	if _, err := admin.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topic}); err != nil {
+		t.Fatalf("%s: CreateTopic: %v", b.name, err)
+	}
+	if _, err := admin.SubscriptionAdminClient.CreateSubscription(ctx, &pb.Subscription{Name: sub, Topic: topic, EnableMessageOrdering: ordered, Labels: labels}); err != nil {
+		t.Fatalf("%s: CreateSubscription: %v", b.name, err)
+	}
+	var msgs []*pb.PubsubMessage
+	for i := range perKey {
+		for _, k := range keys {
+			index := i
+			if k == "" {
+				index = len(msgs) // unkeyed: numbered across the topic
+			}
+			msgs = append(msgs, &pb.PubsubMessage{Data: ordercheck.Encode(k, index), OrderingKey: k})
+			chk.Published(k, index)
+		}
+	}
+	if err := c.publish(ctx, topic, msgs); err != nil {
+		t.Fatalf("%s: publish: %v", b.name, err)
+	}
+	return sub
+}
+
+// fwReceiver runs a framework's subscriber: Receive hands each message to
+// the application through an unbuffered channel and waits for its ack or
+// nack; a message it holds when Receive is cancelled is nacked as its
+// handler returns, as the frameworks do.
+type fwReceiver struct {
+	out    chan fwMessage
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startFWReceiver(c fwClient, sub, name string, chk *ordercheck.Checker) *fwReceiver {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &fwReceiver{out: make(chan fwMessage), cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		r.done <- c.receive(ctx, sub, func(ctx context.Context, m fwMessage) {
+			chk.Delivered(name, m.key, m.index)
+			decided := make(chan bool, 1)
+			app := m
+			app.ack = func() { chk.Acked(name, m.key, m.index); decided <- true }
+			app.nack = func() { chk.Released(name, m.key, m.index); decided <- false }
+			select {
+			case r.out <- app:
+			case <-ctx.Done():
+				chk.Released(name, m.key, m.index)
+				m.nack()
+				return
+			}
+			select {
+			case ack := <-decided:
+				if ack {
+					m.ack()
+				} else {
+					m.nack()
+				}
+			case <-ctx.Done():
+				chk.Released(name, m.key, m.index)
+				m.nack()
+			}
+		})
+	}()
+	return r
+}
+
+// stop cancels Receive and waits for it to return.
+func (r *fwReceiver) stop(t *testing.T) {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("Receive: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("Receive did not return within 30s of its cancel")
+	}
+}
+
+// read takes n messages from the application's side, acking each (or
+// only holding them), within wait; it returns how many it got.
+func (r *fwReceiver) read(n int, ack bool, wait time.Duration) int {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for got := 0; got < n; got++ {
+		select {
+		case m := <-r.out:
+			if ack {
+				m.ack()
+			}
+		case <-deadline.C:
+			return got
+		}
+	}
+	return n
+}
+
+// fwFigure is a time measured on one backend; over says the wait for it
+// was cut short at the figure.
+type fwFigure struct {
+	d    time.Duration
+	over bool
+}
+
+func (f fwFigure) String() string {
+	if f.over {
+		return fmt.Sprintf("over %v", f.d.Round(time.Millisecond))
+	}
+	return f.d.Round(time.Millisecond).String()
+}
+
+// atLeastAsFast fails the test unless the sidecar's figure is within the
+// emulator's plus margin (the margin alone without an emulator figure).
+func atLeastAsFast(t *testing.T, what string, sc fwFigure, emu *fwFigure, margin time.Duration) {
+	t.Helper()
+	bound, emuText := margin, "not run (per-key pass)"
+	if emu != nil {
+		bound, emuText = emu.d+margin, emu.String()
+	}
+	t.Logf("%s: sidecar %v, emulator %s (bound %v)", what, sc, emuText, bound.Round(time.Millisecond))
+	if sc.over || sc.d > bound {
+		t.Errorf("%s: sidecar took %v, emulator %s: more than the bound %v", what, sc, emuText, bound.Round(time.Millisecond))
+	}
+}
+
+// TestFrameworkStoppedSubscriber: a subscriber stops while its handlers
+// hold messages, which they nack as they return; the next subscriber on
+// the subscription gets every message, within 2 s more than on Google's
+// emulator (where it took 60 s before: messages nacked by a stopping Go
+// client went out again on its streams, which it no longer read).
+func TestFrameworkStoppedSubscriber(t *testing.T) {
+	const held, total = 8, 200
+	for _, kind := range fwClientKinds {
+		for _, ordered := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/ordered=%v", kind, ordered), func(t *testing.T) {
+				t.Parallel()
+				keys := []string{""}
+				if ordered {
+					keys = make([]string, 50)
+					for i := range keys {
+						keys[i] = fmt.Sprintf("user-%d", i)
+					}
+				}
+				run := func(b fwBackend, wait time.Duration) fwFigure {
+					chk := ordercheck.New()
+					c := newFWClient(t, kind, b)
+					sub := fwSetup(t, b, c, "stopped", ordered, nil, keys, total/len(keys), chk)
+					first := startFWReceiver(c, sub, "sub", chk)
+					if got := first.read(held, false, 30*time.Second); got < held {
+						t.Fatalf("%s: the first subscriber got %d messages of %d in 30s", b.name, got, held)
+					}
+					stoppedAt := time.Now()
+					first.stop(t)
+					second := startFWReceiver(c, sub, "sub", chk)
+					defer second.stop(t)
+					for !chk.Complete("sub") {
+						if second.read(1, true, 100*time.Millisecond) == 0 && time.Since(stoppedAt) > wait {
+							if !b.emulator {
+								t.Errorf("%s: not every message came back within %v: %s", b.name, wait, chk.Missing("sub"))
+							}
+							return fwFigure{d: wait, over: true}
+						}
+					}
+					took := time.Since(stoppedAt)
+					if v := chk.Violations(); len(v) > 0 && !b.emulator {
+						t.Errorf("%s: %d ordering violations, first: %s", b.name, len(v), v[0])
+					}
+					return fwFigure{d: took}
+				}
+				var emu *fwFigure
+				if b, ok := fwEmulator(t); ok {
+					f := run(b, 20*time.Second)
+					emu = &f
+				}
+				sc := run(fwSidecar(t, sidecar.Config{}), 20*time.Second)
+				atLeastAsFast(t, "every message back after the stop", sc, emu, 2*time.Second)
+			})
+		}
+	}
+}
