@@ -263,10 +263,10 @@ func (f fwFigure) String() string {
 }
 
 // atLeastAsFast fails the test unless the sidecar's figure is within the
-// emulator's plus margin (the margin alone without an emulator figure).
-func atLeastAsFast(t *testing.T, what string, sc fwFigure, emu *fwFigure, margin time.Duration) {
+// emulator's plus margin, or within alone where the emulator did not run.
+func atLeastAsFast(t *testing.T, what string, sc fwFigure, emu *fwFigure, margin, alone time.Duration) {
 	t.Helper()
-	bound, emuText := margin, "not run (per-key pass)"
+	bound, emuText := alone, "not run (per-key pass)"
 	if emu != nil {
 		bound, emuText = emu.d+margin, emu.String()
 	}
@@ -278,8 +278,8 @@ func atLeastAsFast(t *testing.T, what string, sc fwFigure, emu *fwFigure, margin
 
 // TestFrameworkStoppedSubscriber: a subscriber stops while its handlers
 // hold messages, which they nack as they return; the next subscriber on
-// the subscription gets every message, within 2 s more than on Google's
-// emulator (where it took 60 s before: messages nacked by a stopping Go
+// the subscription gets every message, within 3 s more than on Google's
+// emulator (0.5-0.8 s measured: unheldGrace and the redelivery) (where it took 60 s before: messages nacked by a stopping Go
 // client went out again on its streams, which it no longer read).
 func TestFrameworkStoppedSubscriber(t *testing.T) {
 	const held, total = 8, 200
@@ -326,8 +326,126 @@ func TestFrameworkStoppedSubscriber(t *testing.T) {
 					emu = &f
 				}
 				sc := run(fwSidecar(t, sidecar.Config{}), 20*time.Second)
-				atLeastAsFast(t, "every message back after the stop", sc, emu, 2*time.Second)
+				atLeastAsFast(t, "every message back after the stop", sc, emu, 3*time.Second, 3*time.Second)
 			})
 		}
+	}
+}
+
+// TestFrameworkCycles: five rounds of subscribe, read 1,000 messages (each
+// acked), close, over 5,000 messages, as a framework's tests and a rolling
+// restart do; then a last subscriber reads whatever is left. Unordered
+// under the defaults, and ordered on one key under pipelined ordering. The
+// sidecar takes no longer than the emulator, with a margin of 2 s (30 s
+// in all in the per-key pass, against the minute a round stalled before).
+func TestFrameworkCycles(t *testing.T) {
+	const rounds, perRound = 5, 1000
+	for _, kind := range fwClientKinds {
+		for _, ordered := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/ordered=%v", kind, ordered), func(t *testing.T) {
+				t.Parallel()
+				key, labels := "", map[string]string(nil)
+				if ordered {
+					key, labels = "hot", pipelinedLabels // Google's emulator keeps them as plain labels
+				}
+				run := func(b fwBackend) fwFigure {
+					chk := ordercheck.NewPipelined()
+					c := newFWClient(t, kind, b)
+					sub := fwSetup(t, b, c, "cycles", ordered, labels, []string{key}, rounds*perRound, chk)
+					start := time.Now()
+					for round := range rounds {
+						r := startFWReceiver(c, sub, "sub", chk)
+						got := r.read(perRound, true, 60*time.Second)
+						r.stop(t)
+						if got < perRound {
+							t.Logf("%s: round %d read %d of %d in 60s", b.name, round, got, perRound)
+						}
+					}
+					last := startFWReceiver(c, sub, "sub", chk)
+					defer last.stop(t)
+					for !chk.Complete("sub") {
+						if last.read(1, true, 100*time.Millisecond) == 0 && time.Since(start) > 120*time.Second {
+							if !b.emulator {
+								t.Errorf("%s: not every message read within 120s: %s", b.name, chk.Missing("sub"))
+							}
+							return fwFigure{d: time.Since(start), over: true}
+						}
+					}
+					if v := chk.Violations(); len(v) > 0 && !b.emulator {
+						t.Errorf("%s: %d ordering violations, first: %s", b.name, len(v), v[0])
+					}
+					return fwFigure{d: time.Since(start)}
+				}
+				var emu *fwFigure
+				if b, ok := fwEmulator(t); ok {
+					f := run(b)
+					emu = &f
+				}
+				sc := run(fwSidecar(t, sidecar.Config{}))
+				atLeastAsFast(t, fmt.Sprintf("%d rounds of %d", rounds, perRound), sc, emu, 2*time.Second, 30*time.Second)
+			})
+		}
+	}
+}
+
+// TestFrameworkHotKey: 5,000 messages of one key through Google's Go
+// clients with their default settings, acked in the handler. Under
+// pipelined ordering the sidecar keeps up with the emulator (within 1 s;
+// at 1,000 msgs/s or more in the per-key pass, without it). Under strict ordering, the default, a key's next message waits for the
+// previous one's ack, which the Go clients send in batches every 100 ms:
+// the key's rate is about 10 messages a second, measured here on 30
+// messages and checked for order, not compared.
+func TestFrameworkHotKey(t *testing.T) {
+	receiveAll := func(t *testing.T, b fwBackend, kind string, labels map[string]string, n int, chk *ordercheck.Checker) fwFigure {
+		c := newFWClient(t, kind, b)
+		sub := fwSetup(t, b, c, "hot-key", true, labels, []string{"hot"}, n, chk)
+		ctx, cancel := context.WithCancel(context.Background())
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() {
+			done <- c.receive(ctx, sub, func(_ context.Context, m fwMessage) {
+				chk.Delivered("sub", m.key, m.index)
+				chk.Acked("sub", m.key, m.index)
+				m.ack()
+			})
+		}()
+		defer func() {
+			cancel()
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("%s: Receive: %v", b.name, err)
+			}
+		}()
+		for !chk.Complete("sub") {
+			if time.Since(start) > 120*time.Second {
+				if !b.emulator {
+					t.Errorf("%s: not every message read within 120s: %s", b.name, chk.Missing("sub"))
+				}
+				return fwFigure{d: time.Since(start), over: true}
+			}
+			time.Sleep(5 * time.Millisecond) // polling the checker, not synchronising
+		}
+		took := time.Since(start)
+		if v := chk.Violations(); len(v) > 0 && !b.emulator {
+			t.Errorf("%s: %d ordering violations, first: %s", b.name, len(v), v[0])
+		}
+		t.Logf("%s %s: %d messages of one key in %v: %.0f msgs/s", b.name, kind, n, took.Round(time.Millisecond), float64(n)/took.Seconds())
+		return fwFigure{d: took}
+	}
+	for _, kind := range fwClientKinds {
+		t.Run(kind+"/pipelined", func(t *testing.T) {
+			t.Parallel()
+			const n = 5000
+			var emu *fwFigure
+			if b, ok := fwEmulator(t); ok {
+				f := receiveAll(t, b, kind, pipelinedLabels, n, ordercheck.NewPipelined())
+				emu = &f
+			}
+			sc := receiveAll(t, fwSidecar(t, sidecar.Config{}), kind, pipelinedLabels, n, ordercheck.NewPipelined())
+			atLeastAsFast(t, fmt.Sprintf("%d messages of one key", n), sc, emu, time.Second, 5*time.Second)
+		})
+		t.Run(kind+"/strict", func(t *testing.T) {
+			t.Parallel()
+			receiveAll(t, fwSidecar(t, sidecar.Config{}), kind, nil, 30, ordercheck.New())
+		})
 	}
 }

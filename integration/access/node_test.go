@@ -49,17 +49,29 @@ func nodeClient(t *testing.T) string {
 // subscriber receives every message in order on each key through a
 // streaming pull, the viewer's publish is PERMISSION_DENIED, and one
 // without a token UNAUTHENTICATED.
+//
+// It runs in both delivery modes (the subscription's jetorder-delivery
+// label), under strict ordering, which the Node client relies on: it does
+// not run a key's handlers one at a time itself.
 func TestNodeClientTokenOverTLS(t *testing.T) {
 	node := nodeClient(t)
 	a := itest.NewAccess(t)
 	sc := itest.Start(t, sidecar.Config{}, itest.WithAccess(a))
+	for _, delivery := range []string{"partitioned", "per-key"} {
+		t.Run(delivery, func(t *testing.T) { nodeTokenOverTLS(t, node, a, sc, delivery) })
+	}
+}
+
+func nodeTokenOverTLS(t *testing.T, node string, a *itest.Access, sc *itest.Sidecar, delivery string) {
 	ctx := ctxT(t)
 	admin := sc.GoClientAs(a.Token("admin"))
-	if _, err := admin.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("node-orders")}); err != nil {
+	topic, sub := "node-orders-"+delivery, "node-orders-"+delivery+"-sub"
+	if _, err := admin.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath(topic)}); err != nil {
 		t.Fatalf("admin CreateTopic: %v", err)
 	}
 	if _, err := admin.SubscriptionAdminClient.CreateSubscription(ctx, &pb.Subscription{
-		Name: subPath("node-orders-sub"), Topic: topicPath("node-orders"), EnableMessageOrdering: true,
+		Name: subPath(sub), Topic: topicPath(topic), EnableMessageOrdering: true,
+		Labels: map[string]string{"jetorder-delivery": delivery},
 	}); err != nil {
 		t.Fatalf("admin CreateSubscription: %v", err)
 	}
@@ -82,8 +94,8 @@ func TestNodeClientTokenOverTLS(t *testing.T) {
 		"JETORDER_CA="+a.Certs.CA,
 		"JETORDER_GRPC="+sc.GRPC,
 		"JETORDER_PROJECT="+itest.Project,
-		"JETORDER_TOPIC=node-orders",
-		"JETORDER_SUBSCRIPTION=node-orders-sub",
+		"JETORDER_TOPIC="+topic,
+		"JETORDER_SUBSCRIPTION="+sub,
 		"JETORDER_TOKEN_PUBLISHER="+a.Token("publisher"),
 		"JETORDER_TOKEN_SUBSCRIBER="+a.Token("subscriber"),
 		"JETORDER_TOKEN_VIEWER="+a.Token("viewer"),

@@ -112,6 +112,9 @@ type lease struct {
 	didcomm *tracked    // what DIDComm tracking made of it; nil when untracked
 	timer   *time.Timer // guarded by d.mu
 	gone    bool        // guarded by d.mu: the handler has handed the message back
+	// returned: its handler has returned (guarded by d.mu). Until then an
+	// ended lease stays counted in its key's pipe (unpipeLocked).
+	returned bool
 	// Exactly-once delivery (ackConfirmed): acking counts the acks of the
 	// lease under way, and expired says its deadline passed meanwhile; the
 	// lease ends then only if none of them is confirmed. Both guarded by
@@ -342,6 +345,7 @@ func (d *dispatcher) handle(ctx context.Context, m *adapter.Message) {
 	}
 	d.hold(l)
 	defer d.unhold(l)
+	defer d.handlerReturned(l)
 	// Closed when the adapter hands the message back on its own: an
 	// earlier message of its key was nacked (pipelined ordering), and it
 	// comes again after that one.
@@ -514,6 +518,13 @@ func (d *dispatcher) pipeLocked(l *lease, st *pullStream) bool {
 
 // unpipeLocked uncounts the ended lease l from its key's pipe. d.mu is
 // held.
+//
+// A lease that ends while its handler runs is uncounted when the handler
+// returns (handlerReturned), once it has handed the outcome to the
+// adapter: a nack then has revoked the key's later messages before the
+// pipe lets them go to another stream. Uncounted at once, a later message
+// waiting for the pipe of an ended stream could go out before the
+// adapter learnt of the nack of an earlier one.
 func (d *dispatcher) unpipeLocked(l *lease) {
 	if !l.piped {
 		return
@@ -525,6 +536,18 @@ func (d *dispatcher) unpipeLocked(l *lease) {
 			delete(d.pipes, key)
 			close(p.idle)
 		}
+	}
+}
+
+// handlerReturned uncounts l from its key's pipe if its lease has ended
+// (the handler has carried out its outcome), and otherwise lets the
+// lease's end do it.
+func (d *dispatcher) handlerReturned(l *lease) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l.returned = true
+	if l.id == 0 || d.leases[l.id] != l {
+		d.unpipeLocked(l)
 	}
 }
 
@@ -720,7 +743,9 @@ func (d *dispatcher) takeLocked(id uint64) *lease {
 	}
 	delete(d.leases, id)
 	l.timer.Stop()
-	d.unpipeLocked(l)
+	if l.returned {
+		d.unpipeLocked(l)
+	}
 	d.checkIdle()
 	return l
 }
@@ -787,8 +812,9 @@ func (d *dispatcher) drop(l *lease) bool {
 // unheldGrace is how long the leases of an ended stream wait for a sign
 // that its client has them. Google's clients confirm each message they
 // read with a deadline change (a receipt), sent within 100 ms: Go's
-// receipt ticker, Node's batched modacks.
-const unheldGrace = time.Second
+// receipt ticker, Node's batched modacks. A message the client read before
+// its stream ended is confirmed by then, with room for the call's latency.
+const unheldGrace = 500 * time.Millisecond
 
 // streamEnded hands back, once unheldGrace has passed, the leases that
 // went out on st and that its client never showed it has. A client that
