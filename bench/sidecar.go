@@ -28,6 +28,7 @@ import (
 type sidecarBench struct {
 	b      *bench
 	client *pubsub.Client
+	addr   string // the gRPC API's host:port
 	stop   func()
 }
 
@@ -55,7 +56,7 @@ func (b *bench) startSidecarWith(cfg pubsubapi.Config, opts ...adapter.Option) *
 		option.WithEndpoint(l.Addr().String()), option.WithoutAuthentication(),
 		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())), option.WithTelemetryDisabled())
 	check(err)
-	return &sidecarBench{b: b, client: c, stop: func() {
+	return &sidecarBench{b: b, client: c, addr: l.Addr().String(), stop: func() {
 		_ = c.Close()
 		api.Close()
 		gs.Stop()

@@ -84,13 +84,22 @@ func EmulatorClient(t testing.TB) *pubsub.Client {
 }
 
 func startEmulator() (string, error) {
+	addr, cmd, err := StartEmulator()
+	emulator.cmd = cmd
+	return addr, err
+}
+
+// StartEmulator starts a Google Pub/Sub emulator process on a free
+// loopback port and waits until it serves: its host:port and the process,
+// for the caller to kill.
+func StartEmulator() (string, *exec.Cmd, error) {
 	script, err := EmulatorScript()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	addr := l.Addr().String()
 	_ = l.Close()
@@ -99,7 +108,7 @@ func startEmulator() (string, error) {
 	log := &testutil.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("start Google's Pub/Sub emulator: %w", err)
+		return "", nil, fmt.Errorf("start Google's Pub/Sub emulator: %w", err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
@@ -117,16 +126,15 @@ func startEmulator() (string, error) {
 		}
 		select {
 		case <-exited:
-			return "", fmt.Errorf("Google's Pub/Sub emulator exited at start:\n%s", log.String())
+			return "", nil, fmt.Errorf("Google's Pub/Sub emulator exited at start:\n%s", log.String())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
-			return "", fmt.Errorf("Google's Pub/Sub emulator did not serve within 60s:\n%s", log.String())
+			return "", nil, fmt.Errorf("Google's Pub/Sub emulator did not serve within 60s:\n%s", log.String())
 		}
 	}
-	emulator.cmd = cmd
-	return addr, nil
+	return addr, cmd, nil
 }
 
 // StopEmulator stops the shared emulator, if one was started; a test
