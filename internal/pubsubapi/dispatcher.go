@@ -799,7 +799,8 @@ func (d *dispatcher) drop(l *lease) bool {
 	}
 	delete(d.leases, l.id)
 	l.timer.Stop()
-	d.unpipeLocked(l)
+	// Its key's pipe lets go of it when the handler returns, after the
+	// hand-back (handlerReturned).
 	d.checkIdle()
 	d.mu.Unlock()
 	if l.flow != nil {
@@ -822,10 +823,21 @@ const unheldGrace = 500 * time.Millisecond
 // sends its nacks before it closes its streams, and the messages nacked
 // come back on them at once): they go to the next subscriber now, not at
 // their deadlines. Leases the client has keep their deadlines, as in
-// Pub/Sub: it may still ack, nack or extend them. Handing back is safe for
-// order: a key's later message waits for the earlier ones still out, and a
-// lease handed back brings its key's later ones back after it (adapter,
-// gates.release).
+// Pub/Sub: it may still ack, nack or extend them.
+//
+// Whatever ended the stream: a message the client read and confirmed
+// keeps its lease, and its confirmation reaches the sidecar within 100 ms
+// of the read (unheldGrace leaves room for that) unless the connection
+// broke in that moment under a client that goes on. Such a message, read
+// in the last 100 ms before the break, goes back too, as Google's service
+// redelivers every unacked message of a closed stream (docs/SIDECAR.md,
+// Stopping and starting subscribers). gRPC does not tell a stream its
+// client cancelled from one whose connection broke, nor a clean close
+// from a break.
+//
+// Handing back is safe for order: a key's later message waits for the
+// earlier ones still out, and a lease handed back brings its key's later
+// ones back after it (adapter, gates.release).
 func (d *dispatcher) streamEnded(st *pullStream) {
 	time.AfterFunc(unheldGrace, func() { d.releaseUnheld(st) })
 }

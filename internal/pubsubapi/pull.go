@@ -146,9 +146,10 @@ func closed(c <-chan struct{}) bool {
 }
 
 // run hands messages to the client until the stream or the dispatcher
-// ends. Leases still out when it ends stay valid until their deadlines, as
-// in Pub/Sub: clients ack through Acknowledge, which does not need the
-// stream.
+// ends. Leases still out when it ends that the client has confirmed stay
+// valid until their deadlines, as in Pub/Sub: clients ack through
+// Acknowledge, which does not need the stream; the others go back
+// (dispatcher.streamEnded).
 func (st *pullStream) run(ctx context.Context, ended <-chan error) error {
 	d := st.d
 	stop := make(chan struct{})
