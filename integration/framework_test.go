@@ -444,7 +444,8 @@ func TestFrameworkCycles(t *testing.T) {
 // TestFrameworkHotKey: 5,000 messages of one key through Google's Go
 // clients with their default settings, acked in the handler. Under
 // pipelined ordering the sidecar keeps up with the emulator (within 1 s;
-// 500 msgs/s in the per-key pass, under the race detector). Under strict ordering, the default, a key's next message waits for the
+// in the per-key pass, under the race detector, at 500 msgs/s or more).
+// Under strict ordering, the default, a key's next message waits for the
 // previous one's ack, which the Go clients send in batches every 100 ms:
 // the key's rate is about 10 messages a second, measured here on 30
 // messages and checked for order, not compared.
