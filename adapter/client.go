@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -39,6 +40,11 @@ type Client struct {
 	// stateKV is the state bucket, once opened (stateBucket).
 	stateMu sync.Mutex
 	stateKV jetstream.KeyValue
+
+	// layoutOK is set once the account's layout is known to be this
+	// build's (EnsureLayout), before the client's first write.
+	layoutMu sync.Mutex
+	layoutOK atomic.Bool
 
 	mu       sync.Mutex
 	subsKV   jetstream.KeyValue
@@ -457,6 +463,27 @@ func (c *Client) withTimeout(ctx context.Context) (context.Context, context.Canc
 	return context.WithTimeout(ctx, c.cfg.apiTimeout)
 }
 
+// ensureLayout makes sure, once, that the account holds this build's
+// storage layout (EnsureLayout) before the client writes anything.
+func (c *Client) ensureLayout(ctx context.Context) error {
+	if c.layoutOK.Load() {
+		return nil
+	}
+	c.layoutMu.Lock()
+	defer c.layoutMu.Unlock()
+	if c.layoutOK.Load() {
+		return nil
+	}
+	err := c.retryAPI(ctx, func(ctx context.Context) error {
+		return EnsureLayout(ctx, c.js, c.cfg.replicas, c.cfg.logger)
+	})
+	if err != nil {
+		return err
+	}
+	c.layoutOK.Store(true)
+	return nil
+}
+
 // buckets returns the subscription registry bucket.
 func (c *Client) buckets(ctx context.Context) (subs jetstream.KeyValue, err error) {
 	subs, _, _, err = c.registry(ctx)
@@ -466,6 +493,9 @@ func (c *Client) buckets(ctx context.Context) (subs jetstream.KeyValue, err erro
 // registry returns the registry buckets, creating them on first use, and
 // the lease bucket's TTL.
 func (c *Client) registry(ctx context.Context) (subs, leases jetstream.KeyValue, leaseTTL time.Duration, err error) {
+	if err := c.ensureLayout(ctx); err != nil {
+		return nil, nil, 0, err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

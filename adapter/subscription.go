@@ -457,6 +457,9 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 	if cfg.Topic == nil {
 		return nil, fmt.Errorf("%w: subscription %s needs a topic", ErrInvalidConfig, id)
 	}
+	if err := c.ensureLayout(ctx); err != nil {
+		return nil, err
+	}
 	if cfg.AckDeadline == 0 {
 		cfg.AckDeadline = defaultAckDeadline
 	}

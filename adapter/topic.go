@@ -178,6 +178,9 @@ func (c *Client) CreateTopicWithConfig(ctx context.Context, id string, cfg *Topi
 	if err := keyrouter.ValidateTopicID(id); err != nil {
 		return nil, err
 	}
+	if err := c.ensureLayout(ctx); err != nil {
+		return nil, err
+	}
 	if err := keyrouter.ValidateProjectID(c.project); err != nil {
 		return nil, err
 	}
@@ -280,6 +283,9 @@ func (t *Topic) Update(ctx context.Context, u TopicUpdate) (TopicConfig, error) 
 	}
 	ctx, cancel := t.c.withTimeout(ctx)
 	defer cancel()
+	if err := t.c.ensureLayout(ctx); err != nil {
+		return TopicConfig{}, err
+	}
 	info, err := t.info(ctx)
 	if err != nil {
 		return TopicConfig{}, err
@@ -342,6 +348,9 @@ func (t *Topic) Delete(ctx context.Context) error {
 	}
 	ctx, cancel := t.c.withTimeout(ctx)
 	defer cancel()
+	if err := t.c.ensureLayout(ctx); err != nil {
+		return err
+	}
 	err := t.c.js.DeleteStream(ctx, t.stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("%w: %s", ErrTopicNotFound, t)
@@ -409,6 +418,17 @@ func (r *PublishResult) Get(ctx context.Context) (string, error) {
 func (t *Topic) Publish(ctx context.Context, msg *Message) *PublishResult {
 	if err := t.c.checkOpen(); err != nil {
 		return resolved("", err)
+	}
+	if !t.c.layoutOK.Load() { // once per client: its first write may be here
+		lctx, cancel := t.c.withTimeout(context.WithoutCancel(ctx))
+		err := t.c.ensureLayout(lctx)
+		cancel()
+		if err != nil && msg != nil {
+			return t.publisher().refuse(msg.OrderingKey, err)
+		}
+		if err != nil {
+			return resolved("", err)
+		}
 	}
 	m, err := t.encode(msg)
 	if err != nil {

@@ -129,14 +129,19 @@ func BuildNATSServer(t testing.TB) string {
 
 func build(t testing.TB, name, pkg string, flags ...string) string {
 	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
+	goBin := goBinary()
 	bin := filepath.Join(t.TempDir(), name)
 	args := append(append([]string{"build"}, flags...), "-o", bin, pkg)
 	if out, err := exec.Command(goBin, args...).CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
 	return bin
+}
+
+// goBinary is the go command: on the PATH, or the one that built the test.
+func goBinary() string {
+	if goBin, err := exec.LookPath("go"); err == nil {
+		return goBin
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }

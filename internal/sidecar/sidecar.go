@@ -226,6 +226,13 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		}
 		return nil, err
 	}
+	// Before anything is written: a newer layout is refused untouched.
+	if err := ensureLayout(ctx, s.js, max(cfg.Replicas, 1), log); err != nil {
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		return nil, err
+	}
 
 	var tlsConf *tls.Config
 	if cfg.TLSCert != "" || cfg.TLSKey != "" {
@@ -684,6 +691,25 @@ func waitJetStream(ctx context.Context, js jetstream.JetStream) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// ensureLayout makes the account's storage layout this build's
+// (adapter.EnsureLayout), trying again for up to a minute while NATS
+// fails; a newer layout is refused at once.
+func ensureLayout(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := adapter.EnsureLayout(ctx, js, replicas, log)
+		if err == nil || errors.Is(err, adapter.ErrLayoutNewer) || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		log.Warn("storage layout check failed; trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
 		}
 	}
 }
