@@ -91,6 +91,13 @@ func EnsureLayout(ctx context.Context, js jetstream.JetStream, replicas int, log
 	return writeLayout(ctx, js, replicas)
 }
 
+// AccountLayout returns the storage layout the account's record names:
+// 1 when there is none (an account of a build before the record, or one
+// nothing was written to yet). It writes nothing.
+func AccountLayout(ctx context.Context, js jetstream.JetStream) (int, error) {
+	return readLayout(ctx, js)
+}
+
 // readLayout returns the account's layout: 1 without a record.
 func readLayout(ctx context.Context, js jetstream.JetStream) (int, error) {
 	kv, err := js.KeyValue(ctx, layoutBucket)

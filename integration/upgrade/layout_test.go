@@ -20,29 +20,14 @@ import (
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
-// layoutOf reads the account's layout record: 0 without one.
+// layoutOf is the account's layout: 1 without a record.
 func layoutOf(t *testing.T, js jetstream.JetStream) int {
 	t.Helper()
-	ctx := context.Background()
-	kv, err := js.KeyValue(ctx, "JO_LAYOUT")
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return 0
-	}
+	v, err := adapter.AccountLayout(context.Background(), js)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := kv.Get(ctx, "layout")
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return 0
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec struct{ Version int }
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		t.Fatalf("layout record %q: %v", e.Value(), err)
-	}
-	return rec.Version
+	return v
 }
 
 func streamNames(t *testing.T, js jetstream.JetStream) []string {
@@ -75,8 +60,8 @@ func TestLayoutRecordWritten(t *testing.T) {
 	nc := testutil.Connect(t, srv.ClientURL())
 	js, _ := jetstream.New(nc)
 	c := newClient(t, nc)
-	if got := layoutOf(t, js); got != 0 {
-		t.Fatalf("layout record before any write: %d", got)
+	if got := layoutOf(t, js); got != 1 {
+		t.Fatalf("layout before any write: %d, want 1 (no record)", got)
 	}
 	if _, err := c.CreateTopic(context.Background(), "orders"); err != nil {
 		t.Fatal(err)
@@ -350,7 +335,7 @@ func TestLayoutMigrationKilled(t *testing.T) {
 		if len(problems) > 0 {
 			t.Fatalf("round %d: records changed beyond the migration: %v", round, problems[:min(len(problems), 5)])
 		}
-		t.Logf("round %d: killed with %d of %d records migrated, layout record %d", round, n, total, layoutOf(t, js))
+		t.Logf("round %d: killed with %d of %d records migrated, layout %d", round, n, total, layoutOf(t, js))
 		if n > 0 && n < total {
 			halfway++
 		}

@@ -15,13 +15,13 @@ import (
 // introduction, and every later commit that changes the storage layout
 // (docs/WIRE.md). Add a commit here with each layout change.
 var Releases = []Release{
-	{Commit: "5522428e11fe83c282eb9001df66054f3692db2e", Layout: 0, Note: "main of 2026-11-29, before the layout record (layout 2's streams and records, unversioned)"},
+	{Commit: "5522428e11fe83c282eb9001df66054f3692db2e", Layout: 1, Note: "main of 2026-11-29, before the layout record (layout 2's streams and records, unversioned)"},
 }
 
 // A Release is an earlier build the upgrade tests run.
 type Release struct {
 	Commit string
-	Layout int // the layout record it writes; 0: none (it predates the record)
+	Layout int // the layout it leaves (adapter.AccountLayout); 1: no record (it predates it)
 	Note   string
 }
 
