@@ -422,7 +422,6 @@ func upgradeResources(c *pubsub.Client, schemas pb.SchemaServiceClient) map[stri
 	return get
 }
 
-
 // publish publishes messages from..to-1 of every key to "orders" and tells
 // every checker, the push endpoint's included.
 func (u *upgradeStore) publish(t *testing.T, p *pubsub.Publisher, from, to int) {
