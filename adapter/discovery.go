@@ -197,7 +197,6 @@ func (o *discoverer) own(ctx context.Context) error {
 	// Discovery streams: each message reaches the discoverer as soon as it is
 	// stored, so a new key's first message waits only for its consumer.
 	done := make(chan struct{})
-	defer close(done)
 	msgs := make(chan jetstream.Msg, discoveryBatch)
 	errs := make(chan error, 1)
 	cc, err := discovery.Consume(func(m jetstream.Msg) {
@@ -217,6 +216,9 @@ func (o *discoverer) own(ctx context.Context) error {
 		return fmt.Errorf("start key discovery: %w", err)
 	}
 	defer func() {
+		// done first: a callback blocked on a full msgs would hold
+		// Consume open until the wait below gave up.
+		close(done)
 		cc.Stop()
 		select {
 		case <-cc.Closed():

@@ -246,3 +246,45 @@ func TestCloseTimeout(t *testing.T) {
 		t.Fatalf("Close once the handler returned: %v", err)
 	}
 }
+
+// A per-key Receive whose key discovery has a backlog of new keys (more
+// than its buffer holds, while it creates their consumers) ends promptly
+// when cancelled: its discovery's callback, blocked on the full buffer,
+// must not hold the stop until the client's API timeout (10 s), which
+// outlasts the sidecar's default shutdown timeout (5 s).
+func TestReceiveEndsWithDiscoveryBacklog(t *testing.T) {
+	e := newEnv(t)
+	topic := e.createTopic("orders")
+	sub := e.createSub("orders-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPerKey})
+	const keys = 4000
+	var results []*adapter.PublishResult
+	for i := range keys {
+		results = append(results, topic.Publish(context.Background(), &adapter.Message{Data: []byte("m"), OrderingKey: fmt.Sprintf("key-%d", i)}))
+	}
+	for _, r := range results {
+		if _, err := r.Get(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	started := make(chan struct{}, 1)
+	r := startReceive(t, sub, func(ctx context.Context, m *adapter.Message) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		m.Nack()
+	})
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no delivery")
+	}
+	start := time.Now()
+	if err := r.stop(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("Receive: %v", err)
+	}
+	if took := time.Since(start); took > 4*time.Second {
+		t.Errorf("Receive took %v to end after its context was cancelled, want under 4 s", took)
+	}
+}
