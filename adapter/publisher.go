@@ -313,6 +313,19 @@ func (p *publisher) retry(b *batch, items []*pubItem, errs []error, deadline tim
 // send failures, like the server's refusals of a stream, form a suffix.
 func (p *publisher) publish(items []*pubItem, sent *[]string, deadline time.Time) *sentBatch {
 	s := &sentBatch{items: items, deadline: deadline}
+	if !p.t.c.layoutOK.Load() {
+		// The client's first write may be this one: the account's layout
+		// is checked first (Client.ensureLayout), here rather than in
+		// Publish, which does not wait for the network.
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		err := p.t.c.ensureLayout(ctx)
+		cancel()
+		if err != nil {
+			s.failFrom(0, err)
+			return s
+		}
+		*sent = sendTime(time.Now())
+	}
 	n := int64(len(items))
 	if window := p.t.c.publishWindow; !window.TryAcquire(n) {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)

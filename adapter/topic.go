@@ -419,17 +419,6 @@ func (t *Topic) Publish(ctx context.Context, msg *Message) *PublishResult {
 	if err := t.c.checkOpen(); err != nil {
 		return resolved("", err)
 	}
-	if !t.c.layoutOK.Load() { // once per client: its first write may be here
-		lctx, cancel := t.c.withTimeout(context.WithoutCancel(ctx))
-		err := t.c.ensureLayout(lctx)
-		cancel()
-		if err != nil && msg != nil {
-			return t.publisher().refuse(msg.OrderingKey, err)
-		}
-		if err != nil {
-			return resolved("", err)
-		}
-	}
 	m, err := t.encode(msg)
 	if err != nil {
 		if msg == nil {

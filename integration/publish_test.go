@@ -241,6 +241,7 @@ func TestPublishAfterStopAndFlowControl(t *testing.T) {
 	blocking := proxied.Topic("blocking")
 	blocking.PublishSettings.DelayThreshold = time.Hour
 	blocking.PublishSettings.FlowControlSettings = adapter.FlowControlSettings{MaxOutstandingMessages: 1}
+	readLayout(t, proxied) // before the network holds its reply
 	proxy.HoldReplies()
 	held := blocking.Publish(ctx, &adapter.Message{Data: []byte("1")})
 	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
@@ -354,6 +355,7 @@ func TestRetriedPublishIsStoredOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	readLayout(t, client) // before the network holds its reply
 	proxy.HoldReplies()
 	var results []*adapter.PublishResult
 	want := map[string]int{}
@@ -502,5 +504,15 @@ func TestPublishWaitsForDurableSync(t *testing.T) {
 	next().done <- nil
 	if _, err := rb.Get(ctx); err != nil {
 		t.Fatalf("key b must carry on: %v", err)
+	}
+}
+
+// readLayout has client read the account's layout record, which its first
+// write waits for (adapter.EnsureLayout): a test that holds the network's
+// replies from a client's first publish on does it first.
+func readLayout(t *testing.T, client *adapter.Client) {
+	t.Helper()
+	if _, err := client.Subscriptions(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
