@@ -20,6 +20,9 @@
 //   - Google's Go clients v1 and v2 and its Node.js client through the
 //     sidecar beside Google's emulator (clients.go): a hot key under strict
 //     and pipelined ordering, and subscribe/read/close cycles;
+//   - with -runs orderstress, per-key delivery through Google's Go client
+//     beside pstest (orderstress.go): 1,000 new keys x 5 on two
+//     subscriptions, 5% nacks;
 //   - the DIDComm tracker in memory (1,000,000 messages over 10,000
 //     threads) and didcomm.Receive with its state in KV;
 //   - the two delivery modes of ordered subscriptions, partitioned and
@@ -72,7 +75,7 @@ var (
 	keyCounts   = flag.String("keys", "1,16,256,4096", "key counts of the adapter runs")
 	rounds      = flag.Int("rounds", 3, "rounds of baselines and adapter runs (key counts over 256 run once, in an extra last round)")
 	burstKeys   = flag.Int("burst", 10_000, "keys in the new-key burst run (0 skips it)")
-	runs        = flag.String("runs", "ordered,publish,durability,burst,latency,didcomm,sidecar,pipelined,clients,modes,status", "which runs to do, comma-separated (auth is not among the defaults)")
+	runs        = flag.String("runs", "ordered,publish,durability,burst,latency,didcomm,sidecar,pipelined,clients,modes,status", "which runs to do, comma-separated (auth and orderstress are not among the defaults)")
 )
 
 const project = "bench"
@@ -234,6 +237,9 @@ func main() {
 	}
 	if selected("clients") {
 		charts = append(charts, b.clientsRuns())
+	}
+	if selected("orderstress") {
+		charts = append(charts, b.orderStressRuns())
 	}
 	if selected("sidecar") {
 		var sc sidecarFigures
