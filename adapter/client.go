@@ -474,14 +474,24 @@ func (c *Client) ensureLayout(ctx context.Context) error {
 	if c.layoutOK.Load() {
 		return nil
 	}
-	err := c.retryAPI(ctx, func(ctx context.Context) error {
-		return EnsureLayout(ctx, c.js, c.cfg.replicas, c.cfg.logger)
-	})
-	if err != nil {
-		return err
+	// Not in retryAPI's bounded attempts: a migration may take a while.
+	// A failure is tried again for up to the API timeout.
+	giveUp := time.Now().Add(c.cfg.apiTimeout)
+	for {
+		err := EnsureLayout(ctx, c.js, c.cfg.replicas, c.cfg.logger)
+		if err == nil {
+			c.layoutOK.Store(true)
+			return nil
+		}
+		if errors.Is(err, ErrLayoutNewer) || time.Now().After(giveUp) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
-	c.layoutOK.Store(true)
-	return nil
 }
 
 // buckets returns the subscription registry bucket.
