@@ -124,7 +124,7 @@ func readLayout(ctx context.Context, js jetstream.JetStream) (int, error) {
 // writeLayout records this build's layout, unless a build running beside
 // it recorded the same or a newer one first.
 func writeLayout(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      layoutBucket,
 		Description: "jetorder: the storage layout version of this account",
 		Storage:     jetstream.FileStorage,
@@ -139,7 +139,6 @@ func writeLayout(ctx context.Context, js jetstream.JetStream, replicas int) erro
 	}
 	val, _ := json.Marshal(layoutRecord{Version: LayoutVersion, Since: time.Now().UTC().Format(time.RFC3339)})
 	for {
-		var rev uint64
 		e, err := kv.Get(ctx, layoutKey)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
@@ -147,11 +146,13 @@ func writeLayout(ctx context.Context, js jetstream.JetStream, replicas int) erro
 		case err != nil:
 		default:
 			var rec layoutRecord
-			if json.Unmarshal(e.Value(), &rec) == nil && rec.Version >= LayoutVersion {
+			if json.Unmarshal(e.Value(), &rec) == nil && rec.Version > LayoutVersion {
+				return fmt.Errorf("%w: a build of layout %d recorded it while this one (layout %d) migrated", ErrLayoutNewer, rec.Version, LayoutVersion)
+			}
+			if rec.Version == LayoutVersion {
 				return nil // written beside us
 			}
-			rev = e.Revision()
-			_, err = kv.Update(ctx, layoutKey, val, rev)
+			_, err = kv.Update(ctx, layoutKey, val, e.Revision())
 		}
 		if err == nil {
 			return nil

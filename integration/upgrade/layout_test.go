@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/embedded"
 	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
@@ -43,6 +44,19 @@ func streamNames(t *testing.T, js jetstream.JetStream) []string {
 	return names
 }
 
+// layoutAccount starts a nats-server with an empty account and connects
+// to it.
+func layoutAccount(t *testing.T) (*embedded.Server, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	srv := testutil.Server(t)
+	nc := testutil.Connect(t, srv.ClientURL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, nc, js
+}
+
 func newClient(t *testing.T, nc *nats.Conn) *adapter.Client {
 	t.Helper()
 	c, err := adapter.NewClient(nc, itest.Project)
@@ -56,9 +70,7 @@ func newClient(t *testing.T, nc *nats.Conn) *adapter.Client {
 // A new account gets the record with the library's first write.
 func TestLayoutRecordWritten(t *testing.T) {
 	t.Parallel()
-	srv := testutil.Server(t)
-	nc := testutil.Connect(t, srv.ClientURL())
-	js, _ := jetstream.New(nc)
+	_, nc, js := layoutAccount(t)
 	c := newClient(t, nc)
 	if got := layoutOf(t, js); got != 1 {
 		t.Fatalf("layout before any write: %d, want 1 (no record)", got)
@@ -76,9 +88,7 @@ func TestLayoutRecordWritten(t *testing.T) {
 // nothing is written.
 func TestLayoutNewerRefused(t *testing.T) {
 	t.Parallel()
-	srv := testutil.Server(t)
-	nc := testutil.Connect(t, srv.ClientURL())
-	js, _ := jetstream.New(nc)
+	srv, nc, js := layoutAccount(t)
 	ctx := context.Background()
 	newer := adapter.LayoutVersion + 1
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "JO_LAYOUT"})
@@ -221,9 +231,7 @@ func checkMigrated(t *testing.T, js jetstream.JetStream, legacy map[string][]byt
 // record is written, and the migrated subscription still delivers.
 func TestLayoutMigration(t *testing.T) {
 	t.Parallel()
-	srv := testutil.Server(t)
-	nc := testutil.Connect(t, srv.ClientURL())
-	js, _ := jetstream.New(nc)
+	_, nc, js := layoutAccount(t)
 	ctx := context.Background()
 	legacy := legacyAccount(t, newClient(t, nc), js)
 
@@ -283,9 +291,7 @@ func TestLayoutMigration(t *testing.T) {
 // nothing.
 func TestLayoutMigrationKilled(t *testing.T) {
 	t.Parallel()
-	srv := testutil.Server(t)
-	nc := testutil.Connect(t, srv.ClientURL())
-	js, _ := jetstream.New(nc)
+	srv, nc, js := layoutAccount(t)
 	ctx := context.Background()
 	legacy := legacyAccount(t, newClient(t, nc), js)
 
