@@ -467,12 +467,12 @@ func TestPartitionKeyMovesOnWhenItsMessageIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := &partLog{}
-	deleted := make(chan error, 1)
+	deleted := make(chan handedBack, 1)
 	startReceive(t, sub, func(ctx context.Context, m *adapter.Message) {
 		if ev := log.add("R", m); ev.index == 0 {
 			// Gone from the stream while it is in the handler; then handed
 			// back, so the key waits for it to come again.
-			deleted <- stream.DeleteMsg(ctx, m.StreamSequence)
+			deleted <- handedBack{stream.DeleteMsg(ctx, m.StreamSequence), time.Now()}
 			m.Nack()
 			return
 		}
@@ -481,14 +481,22 @@ func TestPartitionKeyMovesOnWhenItsMessageIsGone(t *testing.T) {
 	publish(t, topic, string(ordercheck.Encode("k", 0)), "k")
 	publish(t, topic, string(ordercheck.Encode("k", 1)), "k")
 	select {
-	case err := <-deleted:
-		if err != nil {
-			t.Fatalf("delete k|0: %v", err)
+	case d := <-deleted:
+		if d.err != nil {
+			t.Fatalf("delete k|0: %v", d.err)
 		}
+		keyMovesOnAfterWaiting(t, log, d.at, "gone from the stream")
 	case <-time.After(10 * time.Second):
 		t.Fatal("k|0 never delivered")
 	}
-	keyMovesOnAfterWaiting(t, log, time.Now(), "gone from the stream")
+}
+
+// handedBack is what a handler reports before it nacks k|0: err from its
+// work, and the time, taken before the nack (the test goroutine may wake
+// after the nack, and would measure too short a wait).
+type handedBack struct {
+	err error
+	at  time.Time
 }
 
 // keyMovesOnAfterWaiting checks, for a test whose handler nacked k|0 at
@@ -533,15 +541,17 @@ func TestPartitionKeyMovesOnWhenItsMessageIsAckedElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := &partLog{}
-	acked := make(chan error, 1)
+	acked := make(chan handedBack, 1)
 	startReceive(t, sub, func(ctx context.Context, m *adapter.Message) {
 		if ev := log.add("R", m); ev.index == 0 {
+			var err error
 			select {
 			case reply := <-replies:
-				acked <- errors.Join(spy.Publish(reply, []byte("+ACK")), spy.Flush())
+				err = errors.Join(spy.Publish(reply, []byte("+ACK")), spy.Flush())
 			case <-time.After(5 * time.Second):
-				acked <- errors.New("the delivery of k|0 was not seen on its way")
+				err = errors.New("the delivery of k|0 was not seen on its way")
 			}
+			acked <- handedBack{err, time.Now()}
 			m.Nack()
 			return
 		}
@@ -550,14 +560,14 @@ func TestPartitionKeyMovesOnWhenItsMessageIsAckedElsewhere(t *testing.T) {
 	publish(t, topic, first, "k")
 	publish(t, topic, string(ordercheck.Encode("k", 1)), "k")
 	select {
-	case err := <-acked:
-		if err != nil {
-			t.Fatalf("ack k|0 elsewhere: %v", err)
+	case a := <-acked:
+		if a.err != nil {
+			t.Fatalf("ack k|0 elsewhere: %v", a.err)
 		}
+		keyMovesOnAfterWaiting(t, log, a.at, "acked elsewhere")
 	case <-time.After(10 * time.Second):
 		t.Fatal("k|0 never delivered")
 	}
-	keyMovesOnAfterWaiting(t, log, time.Now(), "acked elsewhere")
 }
 
 // deliveredWithin reports whether who gets key's message index within d.
