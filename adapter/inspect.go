@@ -67,8 +67,9 @@ type TopicState struct {
 	Name    string // projects/P/topics/T
 	Project string
 	ID      string
-	// Messages and Bytes are what the stream holds; Consumers counts its
-	// consumers, of every subscription.
+	// Messages and Bytes are what the stream holds (with its key streams,
+	// TopicConfig.KeyStreams); Consumers counts their consumers, of every
+	// subscription.
 	Messages  uint64
 	Bytes     uint64
 	Consumers int
@@ -78,7 +79,8 @@ type TopicState struct {
 	// LastSequence is the stream sequence of the newest message stored.
 	LastSequence uint64
 
-	stream string
+	stream     string
+	keyStreams []string // the names of its key streams, none when it has none
 }
 
 // Topics lists every topic of the account, sorted by name, with one
@@ -87,8 +89,14 @@ type TopicState struct {
 func (in *Inspector) Topics(ctx context.Context) ([]TopicState, error) {
 	out := []TopicState{}
 	seen := make(map[string]bool)
+	keyStreamInfos := make(map[string]*jetstream.StreamInfo)
 	list := in.js.ListStreams(ctx)
 	for info := range list.Info() {
+		if info.Config.Metadata[metaKeyStream] != "" {
+			keyStreamInfos[info.Config.Name] = info
+			seen[info.Config.Name] = true
+			continue
+		}
 		p, t := info.Config.Metadata[metaProject], info.Config.Metadata[metaTopic]
 		if p == "" || t == "" {
 			continue // not a topic
@@ -101,11 +109,27 @@ func (in *Inspector) Topics(ctx context.Context) ([]TopicState, error) {
 		if info.State.Msgs > 0 {
 			ts.LastStored = info.State.LastTime
 		}
+		ts.keyStreams = topicStreams(p, t, keyStreams(info))[1:]
 		out = append(out, ts)
 		seen[ts.stream] = true
 	}
 	if err := list.Err(); err != nil {
 		return nil, err
+	}
+	for i := range out {
+		ts := &out[i]
+		for _, name := range ts.keyStreams {
+			info := keyStreamInfos[name]
+			if info == nil {
+				continue // being created or deleted
+			}
+			ts.Messages += info.State.Msgs
+			ts.Bytes += info.State.Bytes
+			ts.Consumers += info.State.Consumers
+			if info.State.Msgs > 0 && info.State.LastTime.After(ts.LastStored) {
+				ts.LastStored = info.State.LastTime
+			}
+		}
 	}
 	slices.SortFunc(out, func(a, b TopicState) int { return strings.Compare(a.Name, b.Name) })
 	in.mu.Lock()
@@ -150,9 +174,14 @@ type SubscriptionState struct {
 	HasFloor     bool
 	Undiscovered uint64
 
-	keyed   uint64                    // the backlog of its consumers of keyed messages
-	pending []*jetstream.ConsumerInfo // its consumers with messages not acked
-	stream  jetstream.Stream          // the stream of those
+	keyed   uint64            // the backlog of its consumers of keyed messages
+	pending []pendingConsumer // its consumers with messages not acked
+}
+
+// pendingConsumer is a consumer with messages not acked, and its stream.
+type pendingConsumer struct {
+	info   *jetstream.ConsumerInfo
+	stream jetstream.Stream
 }
 
 // PartitionState is one partition of a partitioned subscription.
@@ -217,7 +246,7 @@ func (in *Inspector) Subscriptions(ctx context.Context, topics []TopicState, kno
 		if err := in.readUndiscovered(ctx, st, lastSeq); err != nil {
 			return nil, err
 		}
-		st.keyed, st.pending, st.stream = 0, nil, nil
+		st.keyed, st.pending = 0, nil
 	}
 	return subs, nil
 }
@@ -231,41 +260,52 @@ func (in *Inspector) readConsumers(ctx context.Context, topics []TopicState, sub
 		if t.Consumers == 0 {
 			continue
 		}
-		stream, err := in.stream(ctx, t.stream)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			continue // deleted meanwhile
+		for _, name := range append([]string{t.stream}, t.keyStreams...) {
+			if err := in.readStreamConsumers(ctx, name, subs, gone, lookup); err != nil {
+				return err
+			}
 		}
-		if err != nil {
-			return err
+	}
+	return nil
+}
+
+// readStreamConsumers is readConsumers for one stream of a topic.
+func (in *Inspector) readStreamConsumers(ctx context.Context, name string, subs map[string]*SubscriptionState, gone map[string]bool,
+	lookup func(ctx context.Context, project, id string) *SubscriptionConfig) error {
+	stream, err := in.stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil // deleted meanwhile
+	}
+	if err != nil {
+		return err
+	}
+	consumers := stream.ListConsumers(ctx)
+	for info := range consumers.Info() {
+		project, id, partition, ok := parseConsumerDescription(info.Config.Description)
+		if !ok {
+			continue
 		}
-		consumers := stream.ListConsumers(ctx)
-		for info := range consumers.Info() {
-			project, id, partition, ok := parseConsumerDescription(info.Config.Description)
-			if !ok {
+		name := subscriptionName(project, id)
+		st := subs[name]
+		if st == nil {
+			if gone[name] {
 				continue
 			}
-			name := subscriptionName(project, id)
-			st := subs[name]
-			if st == nil {
-				if gone[name] {
-					continue
-				}
-				var cfg *SubscriptionConfig
-				if lookup != nil {
-					cfg = lookup(ctx, project, id)
-				}
-				if cfg == nil {
-					gone[name] = true
-					continue
-				}
-				st = &SubscriptionState{Name: name, Config: cfg}
-				subs[name] = st
+			var cfg *SubscriptionConfig
+			if lookup != nil {
+				cfg = lookup(ctx, project, id)
 			}
-			st.add(info, stream, partition)
+			if cfg == nil {
+				gone[name] = true
+				continue
+			}
+			st = &SubscriptionState{Name: name, Config: cfg}
+			subs[name] = st
 		}
-		if err := consumers.Err(); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return err
-		}
+		st.add(info, stream, partition)
+	}
+	if err := consumers.Err(); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err
 	}
 	return nil
 }
@@ -281,8 +321,7 @@ func (st *SubscriptionState) add(info *jetstream.ConsumerInfo, stream jetstream.
 	}
 	st.Unacked += uint64(info.NumAckPending)
 	if info.NumPending > 0 || info.NumAckPending > 0 {
-		st.pending = append(st.pending, info)
-		st.stream = stream
+		st.pending = append(st.pending, pendingConsumer{info, stream})
 	}
 	if partition >= 0 {
 		st.addPartition(partition, info)
@@ -318,13 +357,19 @@ func keyedPrefix(cfg *SubscriptionConfig) string {
 // lowest floors first, and stops once no other consumer can hold an older
 // one.
 func (in *Inspector) readOldest(ctx context.Context, st *SubscriptionState) error {
-	infos := st.pending
-	slices.SortFunc(infos, func(a, b *jetstream.ConsumerInfo) int { return cmp.Compare(a.AckFloor.Stream, b.AckFloor.Stream) })
+	pending := st.pending
+	slices.SortFunc(pending, func(a, b pendingConsumer) int { return cmp.Compare(a.info.AckFloor.Stream, b.info.AckFloor.Stream) })
+	// Per stream, in sequence order; across the streams of a topic with
+	// key streams (sequences in ranges of their own), by time.
 	var best *jetstream.RawStreamMsg
-	for i, info := range infos {
-		if i == MaxOldestLookups || best != nil && info.AckFloor.Stream+1 >= best.Sequence {
-			break
+	bestIn := map[string]uint64{} // per stream, the first unacked sequence found
+	lookups := map[string]int{}
+	for _, pc := range pending {
+		info, stream := pc.info, pc.stream
+		if first, ok := bestIn[info.Stream]; lookups[info.Stream] == MaxOldestLookups || ok && info.AckFloor.Stream+1 >= first {
+			continue
 		}
+		lookups[info.Stream]++
 		filter := info.Config.FilterSubject
 		if filter == "" && len(info.Config.FilterSubjects) > 0 {
 			filter = info.Config.FilterSubjects[0]
@@ -333,14 +378,17 @@ func (in *Inspector) readOldest(ctx context.Context, st *SubscriptionState) erro
 		if filter != "" {
 			opts = append(opts, jetstream.WithGetMsgSubject(filter))
 		}
-		m, err := st.stream.GetMsg(ctx, info.AckFloor.Stream+1, opts...)
+		m, err := stream.GetMsg(ctx, info.AckFloor.Stream+1, opts...)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue // acked or gone meanwhile
 		}
 		if err != nil {
 			return err
 		}
-		if best == nil || m.Sequence < best.Sequence {
+		if first, ok := bestIn[info.Stream]; !ok || m.Sequence < first {
+			bestIn[info.Stream] = m.Sequence
+		}
+		if best == nil || m.Time.Before(best.Time) {
 			best = m
 		}
 	}

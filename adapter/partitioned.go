@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,15 +41,16 @@ func (r *subRecord) partitionIndexes() []int {
 
 // partitionConsumerConfig is partition i's pull consumer.
 func (r *subRecord) partitionConsumerConfig(pinTTL time.Duration, i int) jetstream.ConsumerConfig {
+	_, filter, start := r.partitionStream(i)
 	return jetstream.ConsumerConfig{
 		Durable:        keyrouter.PartitionConsumer(r.Project, r.nameID(), i),
 		Description:    fmt.Sprintf("%s partition %d of %d", r.consumerDescription(), i, r.Partitions),
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    r.StartSeq,
+		OptStartSeq:    start,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        r.ackDeadline(),
 		MaxDeliver:     -1,
-		FilterSubject:  keyrouter.PartitionFilter(r.TopicProject, r.Topic, r.Partitions, i),
+		FilterSubject:  filter,
 		MaxAckPending:  r.PartitionBuffer,
 		PriorityPolicy: jetstream.PriorityPolicyPinned,
 		PriorityGroups: []string{partitionGroup},
@@ -118,7 +120,7 @@ type partition struct {
 	// receiver; nil while not. draining is the one a yield drains. Both
 	// under m.pullMu.
 	cc, draining jetstream.ConsumeContext
-	// stream is the topic's stream: unpin goes through it.
+	// stream is the stream the partition reads: unpin goes through it.
 	stream jetstream.Stream
 
 	mu sync.Mutex // guards everything below, and the partition fields of its deliveries
@@ -143,18 +145,26 @@ var _ holder = (*partition)(nil)
 // from each.
 func (m *partitionedMode) start(ctx context.Context) error {
 	r := m.r
-	var stream jetstream.Stream
-	err := r.c.retryAPI(ctx, func(ctx context.Context) (err error) {
-		stream, err = r.c.js.Stream(ctx, r.rec.stream())
-		return err
-	})
-	if err != nil {
-		return err
+	streams := map[string]jetstream.Stream{}
+	for i := range r.rec.Partitions {
+		name, _, _ := r.rec.partitionStream(i)
+		if streams[name] != nil {
+			continue
+		}
+		err := r.c.retryAPI(ctx, func(ctx context.Context) (err error) {
+			streams[name], err = r.c.js.Stream(ctx, name)
+			return err
+		})
+		if err != nil {
+			return err
+		}
 	}
 	if err := m.openOwners(ctx); err != nil {
 		return err
 	}
 	for i := range r.rec.Partitions {
+		name, _, _ := r.rec.partitionStream(i)
+		stream := streams[name]
 		p := &partition{m: m, r: r, index: i, limit: r.rec.PartitionBuffer, name: keyrouter.PartitionConsumer(r.rec.Project, r.rec.nameID(), i),
 			stream: stream, g: newGates(r.keyWindow())}
 		// A consumer without a leader for now (a node of the cluster
@@ -517,7 +527,7 @@ func (p *partition) fence(n int) {
 			needsFirst := p.g.needsFirst(a)
 			p.mu.Unlock()
 			if needsFirst {
-				a.first, err = r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: info.AckFloor.Stream + 1, NextBySubj: info.Config.FilterSubject})
+				a.first, err = r.c.leaderMsgSeq(ctx, info.Stream, msgGetRequest{Seq: info.AckFloor.Stream + 1, NextBySubj: cmp.Or(info.Config.FilterSubject, ">")})
 			}
 		}
 		cancel()
@@ -624,7 +634,7 @@ func (p *partition) checkAwaiting(ctx context.Context) {
 	}
 	p.mu.Unlock()
 	for _, w := range due {
-		_, err := r.c.leaderMsgSeq(ctx, r.rec.stream(), msgGetRequest{Seq: w.seq})
+		_, err := r.c.leaderMsgSeq(ctx, p.stream.CachedInfo().Config.Name, msgGetRequest{Seq: w.seq})
 		p.mu.Lock()
 		moved, start, fenced := p.g.goneAnswer(w, err == nil, errors.Is(err, jetstream.ErrMsgNotFound))
 		if fenced {

@@ -60,12 +60,15 @@ func (s *Subscription) SeekToTime(ctx context.Context, t time.Time) error {
 	if err := s.c.checkTopic(ctx, rec); err != nil {
 		return err
 	}
+	if err := s.seekable(rec); err != nil {
+		return err
+	}
 	topic := s.c.TopicInProject(rec.Topic, rec.TopicProject)
 	info, err := topic.info(ctx)
 	if err != nil {
 		return err
 	}
-	seq, err := topic.firstSequenceSince(ctx, t, info.State.LastSeq+1)
+	seq, err := topic.firstSequenceSince(ctx, topic.stream, t, info.State.LastSeq+1)
 	if err != nil {
 		return err
 	}
@@ -80,6 +83,11 @@ func (s *Subscription) SeekToSequence(ctx context.Context, seq uint64) error {
 	}
 	ctx, cancel := s.c.withTimeout(ctx)
 	defer cancel()
+	if rec, err := s.load(ctx); err != nil {
+		return err
+	} else if err := s.seekable(rec); err != nil {
+		return err
+	}
 	rec, err := s.modify(ctx, "seek", func(rec *subRecord) bool {
 		if rec.Detached {
 			return false
@@ -110,6 +118,16 @@ func (s *Subscription) SeekToSequence(ctx context.Context, seq uint64) error {
 	return nil
 }
 
+// seekable refuses seeks and snapshots of a subscription whose topic
+// splits its keyed messages over key streams: a point in such a topic is
+// a sequence per stream, which neither a seek nor a snapshot records.
+func (s *Subscription) seekable(rec *subRecord) error {
+	if rec.split() {
+		return fmt.Errorf("seek %s: %w: its topic splits keyed messages over %d key streams", s, errors.ErrUnsupported, rec.KeyStreams)
+	}
+	return nil
+}
+
 // FirstUnacked returns the stream sequence of the subscription's first
 // unacked message, and when it was published (the zero time when there is
 // none yet): every message before it is acked (a snapshot's point).
@@ -119,6 +137,9 @@ func (s *Subscription) FirstUnacked(ctx context.Context) (uint64, time.Time, err
 	defer cancel()
 	rec, err := s.load(ctx)
 	if err != nil {
+		return 0, time.Time{}, err
+	}
+	if err := s.seekable(rec); err != nil {
 		return 0, time.Time{}, err
 	}
 	stream, err := s.c.topicStream(ctx, rec)

@@ -279,9 +279,14 @@ type subRecord struct {
 	PartitionBuffer int          `json:"partition_buffer,omitempty"`
 	AckDeadlineMS   int64        `json:"ack_deadline_ms"`
 	StartSeq        uint64       `json:"start_seq"`
-	StartTime       time.Time    `json:"start_time,omitzero"`
-	StreamCreated   time.Time    `json:"stream_created"`
-	Created         time.Time    `json:"created"`
+	// KeyStreams is the topic's (TopicConfig.KeyStreams, 0 for one
+	// stream), and KeyStartSeqs the first sequence of each key stream the
+	// subscription receives: StartSeq is the topic's own stream's.
+	KeyStreams    int       `json:"key_streams,omitempty"`
+	KeyStartSeqs  []uint64  `json:"key_start_seqs,omitempty"`
+	StartTime     time.Time `json:"start_time,omitzero"`
+	StreamCreated time.Time `json:"stream_created"`
+	Created       time.Time `json:"created"`
 
 	DeadLetter *deadLetterRecord  `json:"dead_letter,omitempty"`
 	Labels     map[string]string  `json:"labels,omitempty"`
@@ -335,6 +340,28 @@ func (r *subRecord) ackDeadline() time.Duration {
 }
 
 func (r *subRecord) stream() string { return keyrouter.StreamName(r.TopicProject, r.Topic) }
+
+// streams names every stream of the subscription's topic, its own first.
+func (r *subRecord) streams() []string { return topicStreams(r.TopicProject, r.Topic, r.KeyStreams) }
+
+// split reports whether the topic's keyed messages are in key streams.
+func (r *subRecord) split() bool { return r.KeyStreams > 1 }
+
+// partitionStream is the stream partition i reads, with filter (""
+// for the whole stream) and start: a key stream of a split topic, which
+// holds the partition's keyed messages (and another partition's or more
+// when there are more key streams than partitions, which is refused), or
+// the topic's one stream.
+func (r *subRecord) partitionStream(i int) (stream, filter string, start uint64) {
+	if !r.split() {
+		return r.stream(), keyrouter.PartitionFilter(r.TopicProject, r.Topic, r.Partitions, i), r.StartSeq
+	}
+	k := i % r.KeyStreams
+	if r.Partitions > r.KeyStreams {
+		filter = keyrouter.PartitionFilter(r.TopicProject, r.Topic, r.Partitions, i)
+	}
+	return keyrouter.KeyStreamName(r.TopicProject, r.Topic, k), filter, r.KeyStartSeqs[k]
+}
 
 func (r *subRecord) partitioned() bool { return r.Ordering && r.Delivery == DeliveryPartitioned }
 
@@ -495,6 +522,21 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 	}); err != nil {
 		return nil, err
 	}
+	keyStarts, err := c.keyStartSeqs(ctx, cfg.Topic, keyStreams(info), cfg.StartTime)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(keyStarts); n > 0 {
+		switch {
+		case mode == DeliveryPerKey:
+			return nil, fmt.Errorf("%w: %q delivery reads a topic whose keyed messages are in one stream; %s splits them over %d key streams",
+				ErrInvalidConfig, DeliveryPerKey, cfg.Topic, n)
+		case mode == DeliveryPartitioned && cfg.Partitions == 0:
+			partitions = max(partitions, n)
+		case mode == DeliveryPartitioned && partitions < n:
+			return nil, fmt.Errorf("%w: %d partitions, fewer than the %d key streams of %s", ErrInvalidConfig, partitions, n, cfg.Topic)
+		}
+	}
 	kv, err := c.buckets(ctx)
 	if err != nil {
 		return nil, err
@@ -519,10 +561,14 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 		Filter:          cfg.Filter,
 		Service:         cfg.ServiceSettings,
 		ExactlyOnce:     cfg.ExactlyOnce,
+		KeyStartSeqs:    keyStarts,
+	}
+	if len(keyStarts) > 0 {
+		rec.KeyStreams = len(keyStarts)
 	}
 	if !cfg.StartTime.IsZero() {
 		rec.StartTime = cfg.StartTime.UTC()
-		if rec.StartSeq, err = cfg.Topic.firstSequenceSince(ctx, cfg.StartTime, rec.StartSeq); err != nil {
+		if rec.StartSeq, err = cfg.Topic.firstSequenceSince(ctx, cfg.Topic.stream, cfg.StartTime, rec.StartSeq); err != nil {
 			return nil, err
 		}
 	}
@@ -592,10 +638,24 @@ func (s *Subscription) createConsumers(ctx context.Context, kv jetstream.KeyValu
 	}); err != nil {
 		return err
 	}
+	if !rec.Ordering && rec.split() {
+		// The key streams' consumers of the same name deliver to the same
+		// subject: Receive reads them as one.
+		if err := forEachParallel(ctx, keyStreamIndexes(rec.KeyStreams), 16, func(ctx context.Context, i int) error {
+			return s.c.retryUntil(ctx, func(ctx context.Context) error {
+				_, err := s.c.js.CreatePushConsumer(ctx, keyrouter.KeyStreamName(rec.TopicProject, rec.Topic, i),
+					rec.consumerConfig(name, "", rec.KeyStartSeqs[i], sharedMaxAckPending))
+				return err
+			})
+		}); err != nil {
+			return err
+		}
+	}
 	if rec.partitioned() {
 		return forEachParallel(ctx, rec.partitionIndexes(), 16, func(ctx context.Context, i int) error {
+			stream, _, _ := rec.partitionStream(i)
 			return s.c.retryUntil(ctx, func(ctx context.Context) error {
-				_, err := s.c.js.CreateConsumer(ctx, rec.stream(), rec.partitionConsumerConfig(max(s.c.cfg.leaseTTL, minPinTTL), i))
+				_, err := s.c.js.CreateConsumer(ctx, stream, rec.partitionConsumerConfig(max(s.c.cfg.leaseTTL, minPinTTL), i))
 				return err
 			})
 		})
@@ -792,14 +852,7 @@ func (s *Subscription) modify(ctx context.Context, op string, change func(*subRe
 // updateAckWait sets the AckWait of every consumer of the subscription to
 // its ack deadline. A consumer removed meanwhile is skipped.
 func (c *Client) updateAckWait(ctx context.Context, rec *subRecord) error {
-	stream, err := c.js.Stream(ctx, rec.stream())
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	infos, err := c.consumerInfos(ctx, stream, rec)
+	infos, err := c.topicConsumers(ctx, rec)
 	if err != nil {
 		return err
 	}
@@ -808,9 +861,9 @@ func (c *Client) updateAckWait(ctx context.Context, rec *subRecord) error {
 		cfg.AckWait = rec.ackDeadline()
 		var err error
 		if cfg.DeliverSubject != "" {
-			_, err = c.js.UpdatePushConsumer(ctx, rec.stream(), cfg)
+			_, err = c.js.UpdatePushConsumer(ctx, info.Stream, cfg)
 		} else {
-			_, err = stream.UpdateConsumer(ctx, cfg)
+			_, err = c.js.UpdateConsumer(ctx, info.Stream, cfg)
 		}
 		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDoesNotExist) {
 			return nil
@@ -849,10 +902,40 @@ func (s *Subscription) Detach(ctx context.Context) error {
 	return nil
 }
 
-// firstSequenceSince returns the stream sequence of the topic's first
-// message stored at or after t, or next when there is none yet.
-func (t *Topic) firstSequenceSince(ctx context.Context, since time.Time, next uint64) (uint64, error) {
-	stream, err := t.c.js.Stream(ctx, t.stream)
+// keyStartSeqs returns where a subscription created now starts in each of
+// the n key streams of t (none for a topic of one stream): after the last
+// message, or at the first stored at or after since.
+func (c *Client) keyStartSeqs(ctx context.Context, t *Topic, n int, since time.Time) ([]uint64, error) {
+	indexes := keyStreamIndexes(n)
+	if len(indexes) == 0 {
+		return nil, nil
+	}
+	starts := make([]uint64, n)
+	err := forEachParallel(ctx, indexes, 16, func(ctx context.Context, i int) error {
+		name := keyrouter.KeyStreamName(t.project, t.id, i)
+		return c.retryUntil(ctx, func(ctx context.Context) error {
+			st, err := c.js.Stream(ctx, name)
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return fmt.Errorf("%w: %s: key stream %d is missing", ErrTopicNotFound, t, i)
+			}
+			if err != nil {
+				return err
+			}
+			starts[i] = st.CachedInfo().State.LastSeq + 1
+			if !since.IsZero() {
+				starts[i], err = t.firstSequenceSince(ctx, name, since, starts[i])
+			}
+			return err
+		})
+	})
+	return starts, err
+}
+
+// firstSequenceSince returns the sequence of the first message of the
+// topic's stream named stream stored at or after t, or next when there is
+// none yet.
+func (t *Topic) firstSequenceSince(ctx context.Context, name string, since time.Time, next uint64) (uint64, error) {
+	stream, err := t.c.js.Stream(ctx, name)
 	if err != nil {
 		return 0, fmt.Errorf("topic %s: %w", t, err)
 	}
@@ -1002,24 +1085,38 @@ func (s *Subscription) purgeState(ctx context.Context) error {
 // deleteConsumers removes every consumer of the subscription from its
 // topic's stream. A missing stream means there is nothing to remove.
 func (c *Client) deleteConsumers(ctx context.Context, rec *subRecord) error {
-	stream, err := c.js.Stream(ctx, rec.stream())
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil
-	}
+	mine, err := c.topicConsumers(ctx, rec)
 	if err != nil {
 		return err
 	}
-	mine, err := c.consumerNames(ctx, stream, rec)
-	if err != nil {
-		return err
-	}
-	return forEachParallel(ctx, mine, 16, func(ctx context.Context, name string) error {
-		err := stream.DeleteConsumer(ctx, name)
+	return forEachParallel(ctx, mine, 16, func(ctx context.Context, info *jetstream.ConsumerInfo) error {
+		err := c.js.DeleteConsumer(ctx, info.Stream, info.Name)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil
 		}
 		return err
 	})
+}
+
+// topicConsumers lists the consumers of the subscription on every stream
+// of its topic, of every epoch. A missing stream has none.
+func (c *Client) topicConsumers(ctx context.Context, rec *subRecord) ([]*jetstream.ConsumerInfo, error) {
+	var all []*jetstream.ConsumerInfo
+	for _, name := range rec.streams() {
+		stream, err := c.js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		infos, err := c.consumerInfos(ctx, stream, rec)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, infos...)
+	}
+	return all, nil
 }
 
 // consumerNames lists the consumers of the subscription on its stream, of

@@ -143,7 +143,7 @@ func (p *partition) nackUnheld(ctx context.Context, info *jetstream.ConsumerInfo
 	limit := 4 * max(r.rec.PartitionBuffer, 1)
 	// What a lagging replica leaves out here is found by a later look
 	// (the fence's, every second), and the fence waits for it meanwhile.
-	seqs, err := r.c.streamSeqs(ctx, r.rec.stream(), info.Config.FilterSubject, info.AckFloor.Stream+1, info.Delivered.Stream, limit)
+	seqs, err := r.c.streamSeqs(ctx, info.Stream, info.Config.FilterSubject, info.AckFloor.Stream+1, info.Delivered.Stream, limit)
 	if err != nil {
 		r.c.cfg.logger.Debug("unacked messages of partition not all found", "subscription", r.sub.id, "partition", p.index, "found", len(seqs), "err", err)
 	}

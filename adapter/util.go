@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -104,6 +105,7 @@ const directBatchMaxBytes = 1 << 20
 // against a server without batched gets it asks the leader message by
 // message.
 func (c *Client) streamSeqs(ctx context.Context, stream, filter string, from, upTo uint64, limit int) ([]uint64, error) {
+	filter = cmp.Or(filter, ">") // a consumer without a filter reads the whole stream
 	var seqs []uint64
 	for from <= upTo && len(seqs) < limit {
 		got, last, err := c.directBatch(ctx, stream, filter, from, int(min(upTo-from+1, uint64(limit-len(seqs)))))

@@ -29,6 +29,7 @@ var (
 	modesDuration = flag.Duration("modes-duration", 10*time.Second, "how long the delivery-modes latency run publishes")
 	modesDrain    = flag.Duration("modes-drain", 15*time.Second, "how long the latency run waits for deliveries after publishing ends")
 	modesParts    = flag.Int("modes-partitions", 0, "partitions of the partitioned subscriptions (0: the adapter's default)")
+	modesSplit    = flag.Int("modes-key-streams", 16, "key streams of the topic of the extra partitioned 1,000-key run (TopicConfig.KeyStreams; as many partitions; 0 or 1 skips it)")
 	modesProfile  = flag.String("modes-cpuprofile", "", "repeat the partitioned 1,000-key delivery with five times the messages under the CPU profiler (publishing left out; not in the figures) and write the profile to this file; not with -cpuprofile")
 )
 
@@ -102,6 +103,11 @@ func (b *bench) modes() chart {
 				fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (partitioned again with %d messages, under the CPU profiler; not in the figures)\n   %-12s %s\n",
 					"profiled", r.rate, r.rate/t.raw, 5*t.msgs, "", describeCPU(*modesProfile))
 			}
+			if t.layoutBaseline && mode == adapter.DeliveryPartitioned && *modesSplit > 1 {
+				t.split = b.modeThroughputSplit(mode, t.keys, t.msgs, *modesSplit)
+				fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (partitioned, a topic of %d key streams, %d partitions); %s\n",
+					"key-streams", t.split.rate, t.split.rate/t.raw, *modesSplit, *modesSplit, t.split.describe())
+			}
 		}
 		s.throughput = append(s.throughput, t)
 	}
@@ -168,12 +174,22 @@ func (b *bench) startNewKeys(mode adapter.DeliveryMode, onMsg func(data []byte, 
 // thousands of per-key consumers at once, where the subscription's delete
 // would remove them one by one.
 func (b *bench) modeTopic(prefix string, mode adapter.DeliveryMode) (string, *adapter.Subscription, func()) {
+	return b.modeTopicSplit(prefix, mode, 0)
+}
+
+// modeTopicSplit is modeTopic with a topic of keyStreams key streams (and
+// a partitioned subscription with as many partitions) when keyStreams > 1.
+func (b *bench) modeTopicSplit(prefix string, mode adapter.DeliveryMode, keyStreams int) (string, *adapter.Subscription, func()) {
 	ctx := context.Background()
 	topicID := b.name(prefix + "-" + string(mode))
-	topic, err := b.client.CreateTopic(ctx, topicID)
+	topic, err := b.client.CreateTopicWithConfig(ctx, topicID, &adapter.TopicConfig{KeyStreams: keyStreams})
 	check(err)
+	partitions := partitionsOf(mode)
+	if keyStreams > 1 {
+		partitions = keyStreams
+	}
 	sub, err := b.client.CreateSubscription(ctx, topicID+"-sub",
-		adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: mode, Partitions: partitionsOf(mode)})
+		adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: mode, Partitions: partitions})
 	check(err)
 	return topicID, sub, func() {
 		_ = topic.Delete(ctx)
@@ -467,6 +483,7 @@ type throughputCase struct {
 	rawOneKeyed    float64 // rawOneConsumer with the keyed filter
 	rawOneAll      float64 // rawOneConsumer without a filter
 	modes          map[adapter.DeliveryMode]throughputResult
+	split          throughputResult // partitioned on a topic with -modes-key-streams key streams (layoutBaseline only)
 }
 
 // partitionsOf is the partition count the runs give mode's subscriptions.
@@ -583,8 +600,14 @@ func (b *bench) rawOneConsumer(keys, msgs, partitions int, filter oneFilter) flo
 // last ack, like the ordered runs; a run that takes longer than the cap is
 // cut short and its rate is what it delivered so far.
 func (b *bench) modeThroughput(mode adapter.DeliveryMode, keys, msgs int) throughputResult {
+	return b.modeThroughputSplit(mode, keys, msgs, 0)
+}
+
+// modeThroughputSplit is modeThroughput on a topic with keyStreams key
+// streams (modeTopicSplit).
+func (b *bench) modeThroughputSplit(mode adapter.DeliveryMode, keys, msgs, keyStreams int) throughputResult {
 	before := b.accountConsumers()
-	topicID, sub, cleanup := b.modeTopic("modes-tput", mode)
+	topicID, sub, cleanup := b.modeTopicSplit("modes-tput", mode, keyStreams)
 	subject, hdr := keyed(topicID, "key", keys)
 	b.fill(subject, hdr, msgs)
 	stopProfile := b.startDeliveryProfile()
@@ -688,6 +711,9 @@ func (s *modesSummary) print() {
 			}
 			return ""
 		})
+		if t.layoutBaseline && *modesSplit > 1 {
+			fmt.Printf(row, fmt.Sprintf("   partitioned, %d key streams", *modesSplit), "", fmt.Sprintf("%.0f (%s)", t.split.rate, ratio(t.split.rate/t.raw)), "")
+		}
 		if t.layoutBaseline {
 			fmt.Printf(row, "   raw with the partitions' filters", fmt.Sprintf("%.0f (%s)", t.rawLayout, ratio(t.rawLayout/t.raw)),
 				fmt.Sprintf("%.2fx of that", t.modes[adapter.DeliveryPartitioned].rate/t.rawLayout), "")
@@ -710,6 +736,10 @@ func (s *modesSummary) print() {
 	fmt.Printf("  new-key latency p99 < 50ms: %s (p99 %s)\n", verdict(ok && p99 < 50*time.Millisecond), part.format(p99, ok))
 	vsRaw := many.modes[adapter.DeliveryPartitioned].rate / many.raw
 	fmt.Printf("  %s >= 0.8x raw consume-and-ack: %s (%s)\n", plural(many.keys, "key"), verdict(vsRaw >= 0.8), ratio(vsRaw))
+	if *modesSplit > 1 {
+		vsRaw := many.split.rate / many.raw
+		fmt.Printf("  the same on a topic of %d key streams: %s (%s)\n", *modesSplit, verdict(vsRaw >= 0.8), ratio(vsRaw))
+	}
 	vsPerKey := one.modes[adapter.DeliveryPartitioned].rate / one.modes[adapter.DeliveryPerKey].rate
 	fmt.Printf("  %s no worse than per-key: %s (partitioned/per-key %.2fx)\n\n", plural(one.keys, "key"), verdict(vsPerKey >= 1), vsPerKey)
 }

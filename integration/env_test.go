@@ -50,7 +50,7 @@ func (e *env) connect(opts ...adapter.Option) (*nats.Conn, *adapter.Client) {
 
 func (e *env) createTopic(id string) *adapter.Topic {
 	e.t.Helper()
-	topic, err := e.client.CreateTopic(context.Background(), id)
+	topic, err := e.client.CreateTopicWithConfig(context.Background(), id, &adapter.TopicConfig{KeyStreams: itest.KeyStreams})
 	if err != nil {
 		e.t.Fatalf("CreateTopic(%s): %v", id, err)
 	}

@@ -115,6 +115,36 @@ func StreamName(project, topic string) string {
 	return name
 }
 
+// MaxKeyStreams bounds how many key streams a topic's keyed messages may be
+// split over.
+const MaxKeyStreams = 16
+
+// KeyStreamSeqBits: a topic's streams number their messages in ranges of
+// their own, 2^KeyStreamSeqBits each, so that a sequence names one message
+// of the topic across its streams, and the stream it is in. The topic's
+// own stream has the first range (from 1), key stream i the range i+1. The
+// largest sequence stays below 2^53, exact in JSON numbers everywhere.
+const KeyStreamSeqBits = 48
+
+// KeyStreamName is key stream i of a topic whose keyed messages are split
+// over several streams: it holds the keyed subjects of PartitionFilter(n,
+// i). ("__k" never occurs in StreamName's encoded ids.)
+func KeyStreamName(project, topic string, i int) string {
+	suffix := fmt.Sprintf("__k%02d", i)
+	name := StreamName(project, topic) + suffix
+	if len(name) > maxNameBytes {
+		return "JO_" + hashString(project+"\x00"+topic) + suffix
+	}
+	return name
+}
+
+// KeyStreamFirstSeq is the first sequence of key stream i.
+func KeyStreamFirstSeq(i int) uint64 { return uint64(i+1) << KeyStreamSeqBits }
+
+// StreamOfSeq is the stream a sequence of a split topic belongs to: -1
+// for the topic's own stream, i for key stream i.
+func StreamOfSeq(seq uint64) int { return int(seq>>KeyStreamSeqBits) - 1 }
+
 // TopicSubjects is the subject filter a topic's stream captures.
 func TopicSubjects(project, topic string) string {
 	return topicPrefix(project, topic) + ">"

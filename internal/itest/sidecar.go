@@ -35,6 +35,11 @@ const Project = "test-project"
 // partitioned (make test runs it both ways).
 var Delivery = adapter.DeliveryMode(os.Getenv("JETORDER_TEST_DELIVERY"))
 
+// KeyStreams is the key stream count (adapter.TopicConfig.KeyStreams) of
+// the topics the library tests create without choosing one:
+// JETORDER_TEST_KEY_STREAMS=8 runs them on topics split over 8.
+var KeyStreams, _ = strconv.Atoi(os.Getenv("JETORDER_TEST_KEY_STREAMS"))
+
 var (
 	// ErrNotReady is returned by StartErr when the sidecar neither listened
 	// nor ended within the ready timeout; it was then stopped.
