@@ -47,6 +47,15 @@ import (
 // and the new epoch's consumers exist.
 var errEpochChanged = errors.New("the subscription was sought: receiving from the new epoch")
 
+// A Point is a place in a topic, as seeks and snapshots name it: Seq is
+// the sequence of the topic's own stream from which messages are unacked,
+// and KeySeqs the same for each of its key streams (none for a topic
+// without key streams, TopicConfig.KeyStreams).
+type Point struct {
+	Seq     uint64
+	KeySeqs []uint64
+}
+
 // SeekToTime marks every message published before t as acked and every
 // message published at or after t as unacked: those are delivered again,
 // each key from its first message at or after t.
@@ -60,41 +69,53 @@ func (s *Subscription) SeekToTime(ctx context.Context, t time.Time) error {
 	if err := s.c.checkTopic(ctx, rec); err != nil {
 		return err
 	}
-	if err := s.seekable(rec); err != nil {
-		return err
-	}
 	topic := s.c.TopicInProject(rec.Topic, rec.TopicProject)
 	info, err := topic.info(ctx)
 	if err != nil {
 		return err
 	}
-	seq, err := topic.firstSequenceSince(ctx, topic.stream, t, info.State.LastSeq+1)
-	if err != nil {
+	var p Point
+	if p.Seq, err = topic.firstSequenceSince(ctx, topic.stream, t, info.State.LastSeq+1); err != nil {
 		return err
 	}
-	return s.SeekToSequence(ctx, seq)
+	if p.KeySeqs, err = s.c.keyStartSeqs(ctx, topic, rec.KeyStreams, t); err != nil {
+		return err
+	}
+	return s.SeekToPoint(ctx, p)
 }
 
 // SeekToSequence marks every message of the topic before stream sequence
-// seq as acked, and every message from seq on as unacked.
+// seq as acked, and every message from seq on as unacked. A topic with key
+// streams has no such order of all its messages: seek it to a Point.
 func (s *Subscription) SeekToSequence(ctx context.Context, seq uint64) error {
-	if seq == 0 {
-		seq = 1
-	}
+	return s.SeekToPoint(ctx, Point{Seq: seq})
+}
+
+// SeekToPoint marks every message of the topic before p as acked, and
+// every message from p on as unacked (FirstUnackedPoint gives one).
+func (s *Subscription) SeekToPoint(ctx context.Context, p Point) error {
+	p.Seq = max(p.Seq, 1)
 	ctx, cancel := s.c.withTimeout(ctx)
 	defer cancel()
-	if rec, err := s.load(ctx); err != nil {
-		return err
-	} else if err := s.seekable(rec); err != nil {
+	rec, err := s.load(ctx)
+	if err != nil {
 		return err
 	}
-	rec, err := s.modify(ctx, "seek", func(rec *subRecord) bool {
+	if len(p.KeySeqs) != len(keyStreamIndexes(rec.KeyStreams)) {
+		if len(p.KeySeqs) == 0 {
+			return fmt.Errorf("seek %s: %w: its topic splits keyed messages over %d key streams, so a sequence is not a point of it",
+				s, errors.ErrUnsupported, rec.KeyStreams)
+		}
+		return fmt.Errorf("%w: seek %s: a point of %d key streams, but its topic has %d", ErrInvalidConfig, s, len(p.KeySeqs), max(rec.KeyStreams, 0))
+	}
+	rec, err = s.modify(ctx, "seek", func(rec *subRecord) bool {
 		if rec.Detached {
 			return false
 		}
 		rec.Epoch++
 		rec.Settling = true
-		rec.SeekSeq = seq
+		rec.SeekSeq = p.Seq
+		rec.SeekKeySeqs = p.KeySeqs
 		return true
 	})
 	if err != nil {
@@ -103,11 +124,10 @@ func (s *Subscription) SeekToSequence(ctx context.Context, seq uint64) error {
 	if rec.Detached {
 		return fmt.Errorf("%w: %s", ErrDetached, s)
 	}
-	stream, err := s.c.topicStream(ctx, rec)
-	if err != nil {
+	if _, err := s.c.topicStream(ctx, rec); err != nil {
 		return err
 	}
-	if _, err := s.pauseOld(ctx, stream, rec); err != nil {
+	if _, err := s.pauseOld(ctx, rec); err != nil {
 		return fmt.Errorf("seek %s: %w", s, err)
 	}
 	// Settled at once when nothing is in flight; otherwise receivers
@@ -118,52 +138,117 @@ func (s *Subscription) SeekToSequence(ctx context.Context, seq uint64) error {
 	return nil
 }
 
-// seekable refuses seeks and snapshots of a subscription whose topic
-// splits its keyed messages over key streams: a point in such a topic is
-// a sequence per stream, which neither a seek nor a snapshot records.
-func (s *Subscription) seekable(rec *subRecord) error {
-	if rec.split() {
-		return fmt.Errorf("seek %s: %w: its topic splits keyed messages over %d key streams", s, errors.ErrUnsupported, rec.KeyStreams)
-	}
-	return nil
-}
-
 // FirstUnacked returns the stream sequence of the subscription's first
 // unacked message, and when it was published (the zero time when there is
 // none yet): every message before it is acked (a snapshot's point).
 // Messages after it may be acked too; seeking to it delivers them again.
+// A topic with key streams has no such sequence: use FirstUnackedPoint.
 func (s *Subscription) FirstUnacked(ctx context.Context) (uint64, time.Time, error) {
+	p, oldest, err := s.FirstUnackedPoint(ctx)
+	if err == nil && len(p.KeySeqs) > 0 {
+		return 0, time.Time{}, fmt.Errorf("first unacked of %s: %w: its topic splits keyed messages over %d key streams, so a sequence is not a point of it",
+			s, errors.ErrUnsupported, len(p.KeySeqs))
+	}
+	return p.Seq, oldest, err
+}
+
+// FirstUnackedPoint returns the point of the subscription's first unacked
+// message in each of its topic's streams, and when the oldest of those
+// was published (the zero time when there is none yet): every message
+// before the point is acked. Messages after it may be acked too; seeking
+// to it delivers them again.
+func (s *Subscription) FirstUnackedPoint(ctx context.Context) (Point, time.Time, error) {
 	ctx, cancel := s.c.withTimeout(ctx)
 	defer cancel()
 	rec, err := s.load(ctx)
 	if err != nil {
-		return 0, time.Time{}, err
-	}
-	if err := s.seekable(rec); err != nil {
-		return 0, time.Time{}, err
+		return Point{}, time.Time{}, err
 	}
 	stream, err := s.c.topicStream(ctx, rec)
 	if err != nil {
-		return 0, time.Time{}, err
+		return Point{}, time.Time{}, err
 	}
-	seq, err := s.firstUnacked(ctx, rec, stream)
+	var p Point
+	if p.Seq, err = s.firstUnacked(ctx, rec, stream); err != nil {
+		return Point{}, time.Time{}, err
+	}
+	oldest, err := firstStored(ctx, stream, p.Seq)
 	if err != nil {
-		return 0, time.Time{}, err
+		return Point{}, time.Time{}, err
 	}
+	if p.KeySeqs, err = s.firstUnackedKeyed(ctx, rec); err != nil {
+		return Point{}, time.Time{}, err
+	}
+	for i, seq := range p.KeySeqs {
+		ks, err := s.c.js.Stream(ctx, keyrouter.KeyStreamName(rec.TopicProject, rec.Topic, i))
+		if err != nil {
+			return Point{}, time.Time{}, err
+		}
+		at, err := firstStored(ctx, ks, seq)
+		if err != nil {
+			return Point{}, time.Time{}, err
+		}
+		if !at.IsZero() && (oldest.IsZero() || at.Before(oldest)) {
+			oldest = at
+		}
+	}
+	return p, oldest, nil
+}
+
+// firstStored returns when the message of stream at seq (or the first one
+// after it) was stored: the zero time when there is none.
+func firstStored(ctx context.Context, stream jetstream.Stream, seq uint64) (time.Time, error) {
 	state := stream.CachedInfo().State
 	if seq > state.LastSeq {
-		return seq, time.Time{}, nil // nothing unacked yet
+		return time.Time{}, nil // nothing unacked yet
 	}
 	m, err := stream.GetMsg(ctx, max(seq, state.FirstSeq))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return seq, time.Time{}, nil
+		return time.Time{}, nil
 	}
 	if err != nil {
-		return 0, time.Time{}, err
+		return time.Time{}, err
 	}
-	return seq, m.Time, nil
+	return m.Time, nil
 }
 
+// firstUnackedKeyed is firstUnacked for each key stream of the topic of a
+// partitioned or unordered subscription (no per-key discovery there):
+// none for a topic without key streams.
+func (s *Subscription) firstUnackedKeyed(ctx context.Context, rec *subRecord) ([]uint64, error) {
+	indexes := keyStreamIndexes(rec.KeyStreams)
+	if len(indexes) == 0 {
+		return nil, nil
+	}
+	if rec.Settling {
+		return rec.SeekKeySeqs, nil
+	}
+	infos, err := s.c.topicConsumers(ctx, rec)
+	if err != nil {
+		return nil, err
+	}
+	starts := rec.KeyStartSeqs
+	out := make([]uint64, len(indexes))
+	prefix := keyrouter.SubscriptionBase(rec.Project, rec.nameID()) + "_"
+	for _, i := range indexes {
+		name := keyrouter.KeyStreamName(rec.TopicProject, rec.Topic, i)
+		ks, err := s.c.js.Stream(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		first := ks.CachedInfo().State.LastSeq + 1
+		for _, info := range infos {
+			if info.Stream != name || !strings.HasPrefix(info.Name, prefix) || info.NumAckPending == 0 && info.NumPending == 0 {
+				continue
+			}
+			first = min(first, info.AckFloor.Stream+1)
+		}
+		out[i] = max(first, starts[i])
+	}
+	return out, nil
+}
+
+// firstUnacked is the first unacked sequence of the topic's own stream.
 func (s *Subscription) firstUnacked(ctx context.Context, rec *subRecord, stream jetstream.Stream) (uint64, error) {
 	if rec.Settling {
 		return rec.SeekSeq, nil
@@ -243,8 +328,8 @@ func (s *Subscription) firstUncovered(ctx context.Context, stream jetstream.Stre
 }
 
 // oldConsumers are the consumers of the subscription's earlier epochs.
-func (c *Client) oldConsumers(ctx context.Context, stream jetstream.Stream, rec *subRecord) ([]*jetstream.ConsumerInfo, error) {
-	infos, err := c.consumerInfos(ctx, stream, rec)
+func (c *Client) oldConsumers(ctx context.Context, rec *subRecord) ([]*jetstream.ConsumerInfo, error) {
+	infos, err := c.topicConsumers(ctx, rec)
 	if err != nil {
 		return nil, err
 	}
@@ -261,8 +346,8 @@ func (c *Client) oldConsumers(ctx context.Context, stream jetstream.Stream, rec 
 // pauseOld pauses the old epoch's consumers that are not paused, for one
 // ack deadline, and reports whether every old consumer has settled all it
 // delivered.
-func (s *Subscription) pauseOld(ctx context.Context, stream jetstream.Stream, rec *subRecord) (settled bool, err error) {
-	old, err := s.c.oldConsumers(ctx, stream, rec)
+func (s *Subscription) pauseOld(ctx context.Context, rec *subRecord) (settled bool, err error) {
+	old, err := s.c.oldConsumers(ctx, rec)
 	if err != nil {
 		return false, err
 	}
@@ -274,7 +359,7 @@ func (s *Subscription) pauseOld(ctx context.Context, stream jetstream.Stream, re
 		if info.Paused {
 			return nil
 		}
-		_, err := s.c.js.PauseConsumer(ctx, rec.stream(), info.Name, until)
+		_, err := s.c.js.PauseConsumer(ctx, info.Stream, info.Name, until)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil
 		}
@@ -284,7 +369,7 @@ func (s *Subscription) pauseOld(ctx context.Context, stream jetstream.Stream, re
 		return false, err
 	}
 	// Counted after the pause: nothing more is delivered meanwhile.
-	old, err = s.c.oldConsumers(ctx, stream, rec)
+	old, err = s.c.oldConsumers(ctx, rec)
 	if err != nil {
 		return false, err
 	}
@@ -337,16 +422,15 @@ func (s *Subscription) settle(ctx context.Context) error {
 	if rec, err = s.load(lctx); err != nil || !rec.Settling {
 		return err
 	}
-	stream, err := s.c.js.Stream(lctx, rec.stream())
-	if err != nil {
-		return err
-	}
-	settled, err := s.pauseOld(lctx, stream, rec)
+	settled, err := s.pauseOld(lctx, rec)
 	if err != nil || !settled {
 		return err
 	}
 	next := *rec
 	next.StartSeq = max(rec.SeekSeq, 1)
+	if len(rec.SeekKeySeqs) > 0 {
+		next.KeyStartSeqs = rec.SeekKeySeqs
+	}
 	if err := s.createConsumers(lctx, subs, &next); err != nil {
 		return fmt.Errorf("create the consumers of epoch %d: %w", rec.Epoch, err)
 	}
@@ -360,12 +444,12 @@ func (s *Subscription) settle(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	old, err := s.c.oldConsumers(lctx, stream, rec)
+	old, err := s.c.oldConsumers(lctx, rec)
 	if err != nil {
 		return err
 	}
 	if err := forEachParallel(lctx, old, 16, func(ctx context.Context, info *jetstream.ConsumerInfo) error {
-		err := stream.DeleteConsumer(ctx, info.Name)
+		err := s.c.js.DeleteConsumer(ctx, info.Stream, info.Name)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil
 		}

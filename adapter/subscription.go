@@ -50,7 +50,9 @@ type SubscriptionConfig struct {
 	Delivery DeliveryMode
 	// Partitions is a partitioned subscription's partition count: 1, 2, 4,
 	// 8, 16, 32 or 64; 0 means 8. Each partition is owned by one receiving
-	// process at a time.
+	// process at a time. On a topic with key streams it is at least their
+	// count (TopicConfig.KeyStreams): partition i reads key stream i mod
+	// KeyStreams, all of it when the counts are equal.
 	Partitions int
 	// PartitionBuffer bounds the unacked messages of one partition, those
 	// in handlers and those waiting behind an earlier message of their key:
@@ -304,6 +306,8 @@ type subRecord struct {
 	Epoch    uint64 `json:"epoch,omitempty"`
 	Settling bool   `json:"settling,omitempty"`
 	SeekSeq  uint64 `json:"seek_seq,omitempty"`
+	// SeekKeySeqs is SeekSeq for each key stream (Point.KeySeqs).
+	SeekKeySeqs []uint64 `json:"seek_key_seqs,omitempty"`
 }
 
 type deadLetterRecord struct {
@@ -531,10 +535,10 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 		case mode == DeliveryPerKey:
 			return nil, fmt.Errorf("%w: %q delivery reads a topic whose keyed messages are in one stream; %s splits them over %d key streams",
 				ErrInvalidConfig, DeliveryPerKey, cfg.Topic, n)
-		case mode == DeliveryPartitioned && cfg.Partitions == 0:
+		case mode == DeliveryPartitioned:
+			// A partition reads one key stream, or a part of one: never
+			// fewer partitions than key streams.
 			partitions = max(partitions, n)
-		case mode == DeliveryPartitioned && partitions < n:
-			return nil, fmt.Errorf("%w: %d partitions, fewer than the %d key streams of %s", ErrInvalidConfig, partitions, n, cfg.Topic)
 		}
 	}
 	kv, err := c.buckets(ctx)

@@ -9,8 +9,15 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/pubsub/v2"
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -116,8 +123,9 @@ func TestKeyStreamsDeliverEverything(t *testing.T) {
 }
 
 // What a topic with key streams refuses, clearly and before it creates
-// anything: per-key delivery, fewer partitions than key streams, a key
-// stream count that is not a power of two, and seeks.
+// anything: per-key delivery, a key stream count that is not a power of
+// two, and seeks to a single sequence. Fewer partitions than key streams
+// become as many.
 func TestKeyStreamsRefusals(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -130,25 +138,123 @@ func TestKeyStreamsRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []adapter.SubscriptionConfig{
-		{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPerKey},
-		{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPartitioned, Partitions: 4},
-	} {
-		_, err := e.client.CreateSubscription(ctx, "refused", c)
-		if !errors.Is(err, adapter.ErrInvalidConfig) {
-			t.Fatalf("%+v: %v, want ErrInvalidConfig", c, err)
-		}
-		t.Logf("refused: %v", err)
-		if ok, _ := e.client.Subscription("refused").Exists(ctx); ok {
-			t.Fatal("a refused subscription exists")
-		}
+	_, err = e.client.CreateSubscription(ctx, "refused", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPerKey})
+	if !errors.Is(err, adapter.ErrInvalidConfig) {
+		t.Fatalf("per-key: %v, want ErrInvalidConfig", err)
 	}
-	sub := e.createSub("split-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPartitioned})
-	if err := sub.SeekToTime(ctx, time.Now()); !errors.Is(err, errors.ErrUnsupported) {
-		t.Fatalf("SeekToTime: %v, want ErrUnsupported", err)
+	t.Logf("refused: %v", err)
+	if ok, _ := e.client.Subscription("refused").Exists(ctx); ok {
+		t.Fatal("a refused subscription exists")
+	}
+	// Fewer partitions than key streams: as many as key streams.
+	sub := e.createSub("split-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPartitioned, Partitions: 2})
+	if cfg, err := sub.Config(ctx); err != nil || cfg.Partitions != 8 {
+		t.Fatalf("2 partitions asked on 8 key streams: %d, %v; want 8", cfg.Partitions, err)
+	}
+	// A sequence is not a point of a topic with key streams.
+	if err := sub.SeekToSequence(ctx, 1); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("SeekToSequence: %v, want ErrUnsupported", err)
 	}
 	if _, _, err := sub.FirstUnacked(ctx); !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatalf("FirstUnacked: %v, want ErrUnsupported", err)
+	}
+	if err := sub.SeekToPoint(ctx, adapter.Point{Seq: 1, KeySeqs: []uint64{1, 2}}); !errors.Is(err, adapter.ErrInvalidConfig) {
+		t.Fatalf("SeekToPoint with 2 key streams of 8: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// Seeks on a topic with key streams: to a point taken from the
+// subscription (as a snapshot takes it) every message after it comes
+// again, and none before; to a time before everything, every message. Each
+// key in order throughout (the checker sees every delivery).
+func TestKeyStreamsSeek(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	topic, err := e.client.CreateTopicWithConfig(ctx, "split-seek", &adapter.TopicConfig{KeyStreams: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := e.createSub("split-seek-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPartitioned})
+	check := ordercheck.New()
+	var mu sync.Mutex
+	got := map[string]int{} // deliveries per message
+	check.AcksMayBeLost()   // a seek takes a key back to a message acked before
+	startReceive(t, sub, func(ctx context.Context, m *adapter.Message) {
+		key, index, err := ordercheck.Decode(m.Data)
+		if err != nil {
+			check.Fail("%v", err)
+		} else {
+			check.Delivered("s", key, index)
+			check.Acked("s", key, index)
+		}
+		mu.Lock()
+		got[string(m.Data)]++
+		mu.Unlock()
+		m.Ack()
+	})
+	count := func(data string) int { mu.Lock(); defer mu.Unlock(); return got[data] }
+	before := time.Now().Add(-time.Second)
+	const keys = 6
+	send := func(from, to int) {
+		for i := from; i < to; i++ {
+			for k := range keys {
+				key := fmt.Sprintf("k%d", k)
+				check.Published(key, i)
+				publish(t, topic, string(ordercheck.Encode(key, i)), key)
+			}
+			check.Published("", i)
+			publish(t, topic, string(ordercheck.Encode("", i)), "")
+		}
+	}
+	everyOnce := func(from, to, times int) func() bool {
+		return func() bool {
+			for i := from; i < to; i++ {
+				for k := range keys + 1 {
+					key := fmt.Sprintf("k%d", k)
+					if k == keys {
+						key = ""
+					}
+					if count(string(ordercheck.Encode(key, i))) < times {
+						return false
+					}
+				}
+			}
+			return true
+		}
+	}
+	send(0, 5)
+	testutil.Eventually(t, 20*time.Second, everyOnce(0, 5, 1), "first five of each key not delivered")
+	var point adapter.Point
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		p, _, err := sub.FirstUnackedPoint(ctx)
+		if err != nil {
+			t.Fatalf("FirstUnackedPoint: %v", err)
+		}
+		point = p
+		return len(p.KeySeqs) == 4 && p.Seq == 6 // the five unkeyed acked, and so the rest
+	}, "the first unacked point never passed the first five unkeyed messages: %+v", func() adapter.Point { return point })
+	send(5, 10)
+	testutil.Eventually(t, 20*time.Second, everyOnce(5, 10, 1), "second five of each key not delivered")
+
+	if err := sub.SeekToPoint(ctx, point); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, everyOnce(5, 10, 2), "after the seek to the point, the second five not delivered again")
+	if !everyOnce(0, 5, 1)() || everyOnce(0, 5, 2)() {
+		t.Fatal("the seek to the point delivered messages from before it")
+	}
+	for i := range 5 {
+		if n := count(string(ordercheck.Encode("k0", i))); n != 1 {
+			t.Fatalf("k0|%d delivered %d times, once expected: it is before the point", i, n)
+		}
+	}
+	if err := sub.SeekToTime(ctx, before); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, everyOnce(0, 5, 2), "after the seek to a time before everything, the first five not delivered again")
+	testutil.Eventually(t, 20*time.Second, everyOnce(5, 10, 3), "after the seek to a time before everything, the second five not delivered again")
+	if v := check.Violations(); len(v) > 0 {
+		t.Fatalf("violations:\n%s", strings.Join(v, "\n"))
 	}
 }
 
@@ -191,5 +297,106 @@ func TestKeyStreamsDeleteAndCreateAgain(t *testing.T) {
 	cfg, err := topic.Config(ctx)
 	if err != nil || cfg.KeyStreams != 2 {
 		t.Fatalf("Config: %+v, %v", cfg, err)
+	}
+}
+
+// Through Google's Go client, against a sidecar with its defaults: a topic
+// created with the jetorder-key-streams label carries it, refuses per-key
+// delivery and a change of the label, and an ordered subscription gets
+// every key in order, and again from a snapshot.
+func TestKeyStreamsThroughGoClient(t *testing.T) {
+	sc := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0"}) // for the test's look at the consumers
+	c := sc.GoClient()
+	ctx := context.Background()
+	topic, err := c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("split"), Labels: map[string]string{"jetorder-key-streams": "4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topic.GetLabels()["jetorder-key-streams"] != "4" {
+		t.Fatalf("labels %v, want jetorder-key-streams 4", topic.GetLabels())
+	}
+	_, err = c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("bad"), Labels: map[string]string{"jetorder-key-streams": "3"}})
+	wantCode(t, "a key stream count of 3", err, codes.InvalidArgument)
+	_, err = c.TopicAdminClient.UpdateTopic(ctx, &pb.UpdateTopicRequest{Topic: &pb.Topic{Name: topicPath("split"), Labels: map[string]string{"jetorder-key-streams": "8"}},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
+	wantCode(t, "a change of the key stream count", err, codes.InvalidArgument)
+	_, err = c.SubscriptionAdminClient.CreateSubscription(ctx, &pb.Subscription{Name: subPath("perkey"), Topic: topicPath("split"), EnableMessageOrdering: true,
+		Labels: map[string]string{"jetorder-delivery": "per-key"}})
+	wantCode(t, "per-key delivery on a topic with key streams", err, codes.InvalidArgument)
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("split-sub"), Topic: topicPath("split"), EnableMessageOrdering: true})
+
+	pub := c.Publisher("split")
+	pub.EnableMessageOrdering = true
+	defer pub.Stop()
+	check := ordercheck.New()
+	check.AcksMayBeLost() // the seek to the snapshot takes keys back
+	const keys = 20
+	send := func(from, to int) {
+		for i := from; i < to; i++ {
+			for k := range keys {
+				key := fmt.Sprintf("k%d", k)
+				check.Published(key, i)
+				publishGo(t, pub, string(ordercheck.Encode(key, i)), key)
+			}
+		}
+	}
+	var mu sync.Mutex
+	got := map[string]int{}
+	stop := receiveGo(t, c.Subscriber("split-sub"), func(_ context.Context, m *pubsub.Message) {
+		key, index, err := ordercheck.Decode(m.Data)
+		if err != nil || key != m.OrderingKey {
+			check.Fail("message %q on key %q: %v", m.Data, m.OrderingKey, err)
+		} else {
+			check.Delivered("s", key, index)
+			check.Acked("s", key, index)
+		}
+		mu.Lock()
+		got[string(m.Data)]++
+		mu.Unlock()
+		m.Ack()
+	})
+	defer stop()
+	all := func(from, to, times int) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for i := from; i < to; i++ {
+				for k := range keys {
+					if got[string(ordercheck.Encode(fmt.Sprintf("k%d", k), i))] < times {
+						return false
+					}
+				}
+			}
+			return true
+		}
+	}
+	send(0, 5)
+	testutil.Eventually(t, 30*time.Second, all(0, 5, 1), "the first five of each key not received")
+	// The snapshot is taken once the server has every ack: its point is
+	// then past the first five of every key.
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		for i := range 8 { // the default 8 partitions, on key stream i mod 4
+			in, err := sc.JetStream().Consumer(ctx, keyrouter.KeyStreamName(itest.Project, "split", i%4), keyrouter.PartitionConsumer(itest.Project, "split-sub", i))
+			if err != nil || in.CachedInfo().NumAckPending+int(in.CachedInfo().NumPending) > 0 {
+				return false
+			}
+		}
+		return true
+	}, "the acks of the first five never reached the server")
+	snap, err := c.SubscriptionAdminClient.CreateSnapshot(ctx, &pb.CreateSnapshotRequest{Name: snapshotPath("snap"), Subscription: subPath("split-sub")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(5, 10)
+	testutil.Eventually(t, 30*time.Second, all(5, 10, 1), "the second five of each key not received")
+	if _, err := c.SubscriptionAdminClient.Seek(ctx, &pb.SeekRequest{Subscription: subPath("split-sub"), Target: &pb.SeekRequest_Snapshot{Snapshot: snap.GetName()}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, all(5, 10, 2), "after the seek to the snapshot, the second five not received again")
+	if all(0, 5, 2)() {
+		t.Fatal("the seek to the snapshot delivered messages taken before it again")
+	}
+	if v := check.Violations(); len(v) > 0 {
+		t.Fatalf("violations:\n%s", strings.Join(v, "\n"))
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 	"github.com/jetorder/jetorder/internal/push"
 	"github.com/jetorder/jetorder/internal/sidecar"
+	"github.com/jetorder/jetorder/keyrouter"
 )
 
 type config struct {
@@ -98,8 +99,9 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	fs.BoolVar(&c.version, "version", false, "print the version, the commit, and the nats-server version, and exit")
 	var ordering string
 	str(&ordering, "ordering", string(pubsubapi.StrictOrdering), `when a key's next message goes to a client on ordered subscriptions without a jetorder-ordering label: "strict" (once the previous one is acked) or "pipelined" (without waiting for acks, for clients that run a key's handlers one at a time; docs/SIDECAR.md)`)
-	var delivery, replicas, maxOutstanding, maxStreams, shutdown, webhookOrigins, webhookRate, pushMax string
+	var delivery, keyStreams, replicas, maxOutstanding, maxStreams, shutdown, webhookOrigins, webhookRate, pushMax string
 	str(&delivery, "delivery", string(adapter.DefaultDelivery), `delivery of ordered subscriptions created without a jetorder-delivery label: "per-key" or "partitioned" (docs/SIDECAR.md)`)
+	str(&keyStreams, "key-streams", "1", `streams the keyed messages of topics created without a jetorder-key-streams label are split over: 1, 2, 4, 8 or 16 (faster partitioned delivery of many keys; such topics refuse per-key delivery and seeks; docs/SIDECAR.md)`)
 	str(&replicas, "replicas", "1", "replicas of the streams and buckets the sidecar creates (3 in a cluster)")
 	str(&maxOutstanding, "max-outstanding-messages", "1000", "messages one subscription holds in the sidecar: with clients or waiting for one")
 	str(&maxStreams, "max-streams", "1000", "open StreamingPull streams")
@@ -143,6 +145,11 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 		c.Delivery = adapter.DeliveryMode(delivery)
 	default:
 		err = errors.Join(err, fmt.Errorf("--delivery %q: want per-key or partitioned", delivery))
+	}
+	if n, e := strconv.Atoi(keyStreams); e != nil || n < 1 || n > keyrouter.MaxKeyStreams || n&(n-1) != 0 {
+		err = errors.Join(err, fmt.Errorf("--key-streams %q: want 1, 2, 4, 8 or 16", keyStreams))
+	} else {
+		c.KeyStreams = n
 	}
 	switch pubsubapi.Ordering(ordering) {
 	case pubsubapi.StrictOrdering, pubsubapi.PipelinedOrdering:

@@ -36,8 +36,9 @@ const Project = "test-project"
 var Delivery = adapter.DeliveryMode(os.Getenv("JETORDER_TEST_DELIVERY"))
 
 // KeyStreams is the key stream count (adapter.TopicConfig.KeyStreams) of
-// the topics the library tests create without choosing one:
-// JETORDER_TEST_KEY_STREAMS=8 runs them on topics split over 8.
+// the topics the tests create without choosing one, through the library
+// or a sidecar's --key-streams: JETORDER_TEST_KEY_STREAMS=8 runs them on
+// topics split over 8.
 var KeyStreams, _ = strconv.Atoi(os.Getenv("JETORDER_TEST_KEY_STREAMS"))
 
 var (
@@ -127,6 +128,9 @@ func StartErr(t testing.TB, cfg sidecar.Config, opts ...Option) (*Sidecar, error
 	}
 	if cfg.Delivery == "" {
 		cfg.Delivery = Delivery
+	}
+	if cfg.KeyStreams == 0 {
+		cfg.KeyStreams = KeyStreams
 	}
 	s := &Sidecar{t: t, cfg: cfg, opts: opts, o: o}
 	start := s.startInProcess
@@ -262,6 +266,7 @@ func flags(cfg sidecar.Config) []string {
 	str("webhook-allowed-origins", strings.Join(cfg.WebhookAllowedOrigins, ","))
 	num("webhook-allowed-rate", cfg.WebhookAllowedRate)
 	str("delivery", string(cfg.Delivery))
+	num("key-streams", cfg.KeyStreams)
 	str("ordering", string(cfg.Ordering))
 	num("max-outstanding-messages", cfg.MaxOutstandingMessages)
 	str("push-allow", cfg.PushAllow)

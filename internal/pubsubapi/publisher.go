@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"strconv"
 	"sync"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/jetorder/jetorder/cloudevents"
 	"github.com/jetorder/jetorder/internal/grpcutil"
 	"github.com/jetorder/jetorder/internal/schemaapi"
+	"github.com/jetorder/jetorder/keyrouter"
 )
 
 // Pub/Sub's limits on one Publish request.
@@ -38,6 +41,9 @@ func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error
 		return nil, err
 	}
 	cfg := &adapter.TopicConfig{Labels: t.GetLabels()}
+	if err := s.keyStreams(cfg); err != nil {
+		return nil, err
+	}
 	if d := t.GetMessageRetentionDuration(); d != nil {
 		if cfg.RetentionDuration, err = topicRetention(d); err != nil {
 			return nil, err
@@ -73,6 +79,33 @@ func (s *Server) CreateTopic(ctx context.Context, t *pb.Topic) (*pb.Topic, error
 	}
 	s.topicSchemas.set(created.String(), ts)
 	return s.topicProto(ctx, created, *cfg)
+}
+
+// labelKeyStreams chooses at creation how many key streams a topic's keyed
+// messages are split over (adapter.TopicConfig.KeyStreams); the created
+// topic carries the count it got when it has key streams.
+const labelKeyStreams = "jetorder-key-streams"
+
+// keyStreams sets cfg's key stream count from its labels, or the server's
+// default, and records a count over 1 in the labels.
+func (s *Server) keyStreams(cfg *adapter.TopicConfig) error {
+	n := s.cfg.KeyStreams
+	if v, ok := cfg.Labels[labelKeyStreams]; ok {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 || n > keyrouter.MaxKeyStreams || n&(n-1) != 0 {
+			return invalid("label %s %q: want 1, 2, 4, 8 or 16", labelKeyStreams, v)
+		}
+	}
+	cfg.KeyStreams = n
+	if n > 1 {
+		labels := maps.Clone(cfg.Labels)
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[labelKeyStreams] = strconv.Itoa(n)
+		cfg.Labels = labels
+	}
+	return nil
 }
 
 // The service's bounds on a topic's message retention.
@@ -141,6 +174,20 @@ func (s *Server) UpdateTopic(ctx context.Context, req *pb.UpdateTopicRequest) (*
 			u.Labels = req.GetTopic().GetLabels()
 			if u.Labels == nil {
 				u.Labels = map[string]string{}
+			}
+			cur, err := t.Config(ctx)
+			if err != nil {
+				return nil, toStatus(err)
+			}
+			// Set at creation: kept when the new labels leave it out.
+			if v := cur.Labels[labelKeyStreams]; v != "" {
+				switch nv, ok := u.Labels[labelKeyStreams]; {
+				case !ok:
+					u.Labels = maps.Clone(u.Labels)
+					u.Labels[labelKeyStreams] = v
+				case nv != v:
+					return nil, invalid("update %s: label %s is set at creation and cannot change (it is %q)", name, labelKeyStreams, v)
+				}
 			}
 		case "message_retention_duration":
 			var d time.Duration

@@ -63,6 +63,9 @@ type Config struct {
 	// Delivery is the delivery mode of ordered subscriptions created
 	// without a jetorder-delivery label. Default adapter.DefaultDelivery.
 	Delivery adapter.DeliveryMode
+	// KeyStreams is the key stream count (adapter.TopicConfig.KeyStreams)
+	// of topics created without a jetorder-key-streams label; 0 means 1.
+	KeyStreams int
 	// Ordering is when a key's next message goes to a client on ordered
 	// subscriptions without a jetorder-ordering label. Default
 	// StrictOrdering.
@@ -341,6 +344,8 @@ func toStatus(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, adapter.ErrDetached):
 		code = codes.FailedPrecondition
+	case errors.Is(err, errors.ErrUnsupported): // seeking a subscription of a topic with key streams
+		code = codes.Unimplemented
 	case errors.Is(err, broker.ErrTooManyProjects):
 		code = codes.ResourceExhausted
 	case errors.Is(err, adapter.ErrNotDurable): // stored, but its sync failed or timed out: retry

@@ -41,10 +41,11 @@ const (
 )
 
 type snapshotRecord struct {
-	Name         string            `json:"name"`         // projects/P/snapshots/S
-	Topic        string            `json:"topic"`        // projects/P/topics/T
-	Subscription string            `json:"subscription"` // where it was taken
-	Seq          uint64            `json:"seq"`          // first unacked message then
+	Name         string            `json:"name"`               // projects/P/snapshots/S
+	Topic        string            `json:"topic"`              // projects/P/topics/T
+	Subscription string            `json:"subscription"`       // where it was taken
+	Seq          uint64            `json:"seq"`                // first unacked message then
+	KeySeqs      []uint64          `json:"key_seqs,omitempty"` // the same in each key stream (adapter.Point)
 	Created      time.Time         `json:"created"`
 	Expire       time.Time         `json:"expire"`
 	Labels       map[string]string `json:"labels,omitempty"`
@@ -152,7 +153,7 @@ func (s *Server) CreateSnapshot(ctx context.Context, req *pb.CreateSnapshotReque
 	if cfg.TopicDeleted {
 		return nil, status.Errorf(codes.FailedPrecondition, "subscription %s: its topic was deleted", req.GetSubscription())
 	}
-	seq, oldest, err := sub.FirstUnacked(ctx)
+	point, oldest, err := sub.FirstUnackedPoint(ctx)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -161,7 +162,7 @@ func (s *Server) CreateSnapshot(ctx context.Context, req *pb.CreateSnapshotReque
 		oldest = now
 	}
 	rec := &snapshotRecord{
-		Name: req.GetName(), Topic: cfg.Topic.String(), Subscription: req.GetSubscription(), Seq: seq,
+		Name: req.GetName(), Topic: cfg.Topic.String(), Subscription: req.GetSubscription(), Seq: point.Seq, KeySeqs: point.KeySeqs,
 		Created: now, Expire: oldest.Add(snapshotLife).UTC(), Labels: maps.Clone(req.GetLabels()),
 	}
 	if rec.Expire.Sub(now) < minSnapshotLife {
@@ -312,7 +313,7 @@ func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotReque
 // Seek makes a subscription's messages before a time, or a snapshot's
 // point, acked and those after it unacked. Receivers attached keep their
 // messages until they are settled; the key's next message comes only
-// after (adapter SeekToSequence).
+// after (adapter SeekToPoint).
 func (s *Server) Seek(ctx context.Context, req *pb.SeekRequest) (*pb.SeekResponse, error) {
 	sub, err := s.subscriptionOf(req.GetSubscription())
 	if err != nil {
@@ -337,7 +338,7 @@ func (s *Server) Seek(ctx context.Context, req *pb.SeekRequest) (*pb.SeekRespons
 			return nil, status.Errorf(codes.FailedPrecondition, "seek %s: snapshot %s is of topic %s, the subscription's is %s",
 				req.GetSubscription(), target.Snapshot, rec.Topic, subscriptionTopic(cfg))
 		}
-		err = sub.SeekToSequence(ctx, rec.Seq)
+		err = sub.SeekToPoint(ctx, adapter.Point{Seq: rec.Seq, KeySeqs: rec.KeySeqs})
 	default:
 		return nil, invalid("seek %s: set time or snapshot", req.GetSubscription())
 	}

@@ -92,6 +92,9 @@ type Config struct {
 	// Delivery is the delivery mode of ordered subscriptions created
 	// without a jetorder-delivery label.
 	Delivery adapter.DeliveryMode
+	// KeyStreams is the key stream count of topics created without a
+	// jetorder-key-streams label (adapter.TopicConfig.KeyStreams).
+	KeyStreams int
 	// Ordering is when a key's next message goes to a client on ordered
 	// subscriptions without a jetorder-ordering label.
 	Ordering pubsubapi.Ordering
@@ -294,6 +297,7 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		MaxOutstandingMessages: cfg.MaxOutstandingMessages,
 		MaxStreams:             cfg.MaxStreams,
 		Delivery:               cfg.Delivery,
+		KeyStreams:             cfg.KeyStreams,
 		Ordering:               cfg.Ordering,
 		Replicas:               max(cfg.Replicas, 1),
 		Logger:                 log,
