@@ -51,7 +51,7 @@ BENCHFLAGS ?=
 BENCHPROFILES ?= $(or $(TMPDIR),/tmp)/jetorder-bench-profiles
 bench:
 	mkdir -p $(BENCHPROFILES)
-	$(GO) run ./bench -charts docs/bench -modes-cpuprofile $(BENCHPROFILES)/modes-1000-keys.prof -pipe-cpuprofile $(BENCHPROFILES)/pipelined-256-keys.prof $(BENCHFLAGS)
+	$(GO) run ./bench -charts docs/bench -modes-cpuprofile $(BENCHPROFILES)/modes-1000-keys.prof -modes-key-streams-cpuprofile $(BENCHPROFILES)/modes-1000-keys-key-streams.prof -pipe-cpuprofile $(BENCHPROFILES)/pipelined-256-keys.prof $(BENCHFLAGS)
 
 ## soak: 3 minutes of ordered publish and receive with key churn (not in CI); fails if goroutines, heap, RSS or consumers keep growing
 # Flags through SOAKFLAGS, e.g. make soak SOAKFLAGS='-duration 45s -mode library'

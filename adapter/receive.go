@@ -283,6 +283,12 @@ func (c *Client) checkTopic(ctx context.Context, rec *subRecord) error {
 		return fmt.Errorf("%w: projects/%s/topics/%s has subject layout %q, this version reads %q; create the topic again",
 			ErrInvalidConfig, rec.TopicProject, rec.Topic, v, subjectLayout)
 	}
+	if n := keyStreams(info.CachedInfo()); n != max(rec.KeyStreams, 1) {
+		// A subscription created by a build that does not know key
+		// streams has no consumers on them.
+		return fmt.Errorf("%w: projects/%s/topics/%s has %d key streams, and subscription %s was created for %d; create the subscription again",
+			ErrInvalidConfig, rec.TopicProject, rec.Topic, n, rec.ID, max(rec.KeyStreams, 1))
+	}
 	return nil
 }
 

@@ -23,14 +23,15 @@ import (
 // side, each beside raw JetStream measured in the same run.
 
 var (
-	modesKeys     = flag.Int("modes-keys", 100_000, "new keys, one message each, in the delivery-modes key burst (times -scale)")
-	modesCap      = flag.Duration("modes-cap", 2*time.Minute, "how long a delivery mode may take over the key burst (and a throughput run) before it is reported unfinished")
-	modesRate     = flag.Int("modes-rate", 10_000, "new keys per second in the delivery-modes latency run")
-	modesDuration = flag.Duration("modes-duration", 10*time.Second, "how long the delivery-modes latency run publishes")
-	modesDrain    = flag.Duration("modes-drain", 15*time.Second, "how long the latency run waits for deliveries after publishing ends")
-	modesParts    = flag.Int("modes-partitions", 0, "partitions of the partitioned subscriptions (0: the adapter's default)")
-	modesSplit    = flag.Int("modes-key-streams", 16, "key streams of the topic of the extra partitioned 1,000-key run (TopicConfig.KeyStreams; as many partitions; 0 or 1 skips it)")
-	modesProfile  = flag.String("modes-cpuprofile", "", "repeat the partitioned 1,000-key delivery with five times the messages under the CPU profiler (publishing left out; not in the figures) and write the profile to this file; not with -cpuprofile")
+	modesKeys         = flag.Int("modes-keys", 100_000, "new keys, one message each, in the delivery-modes key burst (times -scale)")
+	modesCap          = flag.Duration("modes-cap", 2*time.Minute, "how long a delivery mode may take over the key burst (and a throughput run) before it is reported unfinished")
+	modesRate         = flag.Int("modes-rate", 10_000, "new keys per second in the delivery-modes latency run")
+	modesDuration     = flag.Duration("modes-duration", 10*time.Second, "how long the delivery-modes latency run publishes")
+	modesDrain        = flag.Duration("modes-drain", 15*time.Second, "how long the latency run waits for deliveries after publishing ends")
+	modesParts        = flag.Int("modes-partitions", 0, "partitions of the partitioned subscriptions (0: the adapter's default)")
+	modesSplitProfile = flag.String("modes-key-streams-cpuprofile", "", "as -modes-cpuprofile, for the run on a topic of -modes-key-streams key streams")
+	modesSplit        = flag.Int("modes-key-streams", 16, "key streams of the topic of the extra partitioned 1,000-key run (TopicConfig.KeyStreams; as many partitions; 0 or 1 skips it)")
+	modesProfile      = flag.String("modes-cpuprofile", "", "repeat the partitioned 1,000-key delivery with five times the messages under the CPU profiler (publishing left out; not in the figures) and write the profile to this file; not with -cpuprofile")
 )
 
 // rawJetStream stands beside the delivery modes for the baseline: one pull
@@ -107,6 +108,12 @@ func (b *bench) modes() chart {
 				t.split = b.modeThroughputSplit(mode, t.keys, t.msgs, *modesSplit)
 				fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (partitioned, a topic of %d key streams, %d partitions); %s\n",
 					"key-streams", t.split.rate, t.split.rate/t.raw, *modesSplit, *modesSplit, t.split.describe())
+				if *modesSplitProfile != "" {
+					b.deliveryProfile = *modesSplitProfile
+					r := b.modeThroughputSplit(mode, t.keys, 5*t.msgs, *modesSplit)
+					fmt.Printf("   %-12s %10.0f msgs/s %6.2fx raw (key streams again with %d messages, under the CPU profiler; not in the figures)\n   %-12s %s\n",
+						"profiled", r.rate, r.rate/t.raw, 5*t.msgs, "", describeCPU(*modesSplitProfile))
+				}
 			}
 		}
 		s.throughput = append(s.throughput, t)

@@ -175,53 +175,21 @@ func TestKeyStreamsSeek(t *testing.T) {
 		t.Fatal(err)
 	}
 	sub := e.createSub("split-seek-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPartitioned})
-	check := ordercheck.New()
-	var mu sync.Mutex
-	got := map[string]int{} // deliveries per message
-	check.AcksMayBeLost()   // a seek takes a key back to a message acked before
+	r := newSeekRecorder([]string{"k0", "k1", "k2", "k3", "k4", "k5", ""})
 	startReceive(t, sub, func(ctx context.Context, m *adapter.Message) {
-		key, index, err := ordercheck.Decode(m.Data)
-		if err != nil {
-			check.Fail("%v", err)
-		} else {
-			check.Delivered("s", key, index)
-			check.Acked("s", key, index)
-		}
-		mu.Lock()
-		got[string(m.Data)]++
-		mu.Unlock()
+		r.record(m.Data, m.OrderingKey)
 		m.Ack()
 	})
-	count := func(data string) int { mu.Lock(); defer mu.Unlock(); return got[data] }
 	before := time.Now().Add(-time.Second)
-	const keys = 6
 	send := func(from, to int) {
 		for i := from; i < to; i++ {
-			for k := range keys {
-				key := fmt.Sprintf("k%d", k)
-				check.Published(key, i)
+			for _, key := range r.keys {
+				r.check.Published(key, i)
 				publish(t, topic, string(ordercheck.Encode(key, i)), key)
 			}
-			check.Published("", i)
-			publish(t, topic, string(ordercheck.Encode("", i)), "")
 		}
 	}
-	everyOnce := func(from, to, times int) func() bool {
-		return func() bool {
-			for i := from; i < to; i++ {
-				for k := range keys + 1 {
-					key := fmt.Sprintf("k%d", k)
-					if k == keys {
-						key = ""
-					}
-					if count(string(ordercheck.Encode(key, i))) < times {
-						return false
-					}
-				}
-			}
-			return true
-		}
-	}
+	everyOnce, count := r.every, r.count
 	send(0, 5)
 	testutil.Eventually(t, 20*time.Second, everyOnce(0, 5, 1), "first five of each key not delivered")
 	var point adapter.Point
@@ -253,8 +221,60 @@ func TestKeyStreamsSeek(t *testing.T) {
 	}
 	testutil.Eventually(t, 20*time.Second, everyOnce(0, 5, 2), "after the seek to a time before everything, the first five not delivered again")
 	testutil.Eventually(t, 20*time.Second, everyOnce(5, 10, 3), "after the seek to a time before everything, the second five not delivered again")
-	if v := check.Violations(); len(v) > 0 {
+	if v := r.check.Violations(); len(v) > 0 {
 		t.Fatalf("violations:\n%s", strings.Join(v, "\n"))
+	}
+}
+
+// seekRecorder records every delivery of a seek test: in an order checker
+// (which allows a key to go back, as a seek takes it), and counted per
+// message.
+type seekRecorder struct {
+	keys  []string // "" for unkeyed messages
+	check *ordercheck.Checker
+
+	mu  sync.Mutex
+	got map[string]int // deliveries per message data
+}
+
+func newSeekRecorder(keys []string) *seekRecorder {
+	r := &seekRecorder{keys: keys, check: ordercheck.New(), got: map[string]int{}}
+	r.check.AcksMayBeLost()
+	return r
+}
+
+// record checks and counts a delivery, acked by the caller.
+func (r *seekRecorder) record(data []byte, orderingKey string) {
+	key, index, err := ordercheck.Decode(data)
+	if err != nil || key != orderingKey {
+		r.check.Fail("message %q on key %q: %v", data, orderingKey, err)
+	} else {
+		r.check.Delivered("s", key, index)
+		r.check.Acked("s", key, index)
+	}
+	r.mu.Lock()
+	r.got[string(data)]++
+	r.mu.Unlock()
+}
+
+func (r *seekRecorder) count(data string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.got[data]
+}
+
+// every reports whether messages from..to-1 of every key were delivered at
+// least times times.
+func (r *seekRecorder) every(from, to, times int) func() bool {
+	return func() bool {
+		for i := from; i < to; i++ {
+			for _, key := range r.keys {
+				if r.count(string(ordercheck.Encode(key, i))) < times {
+					return false
+				}
+			}
+		}
+		return true
 	}
 }
 
@@ -328,48 +348,25 @@ func TestKeyStreamsThroughGoClient(t *testing.T) {
 	pub := c.Publisher("split")
 	pub.EnableMessageOrdering = true
 	defer pub.Stop()
-	check := ordercheck.New()
-	check.AcksMayBeLost() // the seek to the snapshot takes keys back
-	const keys = 20
+	var keys []string
+	for k := range 20 {
+		keys = append(keys, fmt.Sprintf("k%d", k))
+	}
+	r := newSeekRecorder(keys)
 	send := func(from, to int) {
 		for i := from; i < to; i++ {
-			for k := range keys {
-				key := fmt.Sprintf("k%d", k)
-				check.Published(key, i)
+			for _, key := range keys {
+				r.check.Published(key, i)
 				publishGo(t, pub, string(ordercheck.Encode(key, i)), key)
 			}
 		}
 	}
-	var mu sync.Mutex
-	got := map[string]int{}
 	stop := receiveGo(t, c.Subscriber("split-sub"), func(_ context.Context, m *pubsub.Message) {
-		key, index, err := ordercheck.Decode(m.Data)
-		if err != nil || key != m.OrderingKey {
-			check.Fail("message %q on key %q: %v", m.Data, m.OrderingKey, err)
-		} else {
-			check.Delivered("s", key, index)
-			check.Acked("s", key, index)
-		}
-		mu.Lock()
-		got[string(m.Data)]++
-		mu.Unlock()
+		r.record(m.Data, m.OrderingKey)
 		m.Ack()
 	})
 	defer stop()
-	all := func(from, to, times int) func() bool {
-		return func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			for i := from; i < to; i++ {
-				for k := range keys {
-					if got[string(ordercheck.Encode(fmt.Sprintf("k%d", k), i))] < times {
-						return false
-					}
-				}
-			}
-			return true
-		}
-	}
+	all := r.every
 	send(0, 5)
 	testutil.Eventually(t, 30*time.Second, all(0, 5, 1), "the first five of each key not received")
 	// The snapshot is taken once the server has every ack: its point is
@@ -396,7 +393,7 @@ func TestKeyStreamsThroughGoClient(t *testing.T) {
 	if all(0, 5, 2)() {
 		t.Fatal("the seek to the snapshot delivered messages taken before it again")
 	}
-	if v := check.Violations(); len(v) > 0 {
+	if v := r.check.Violations(); len(v) > 0 {
 		t.Fatalf("violations:\n%s", strings.Join(v, "\n"))
 	}
 }

@@ -141,10 +141,6 @@ func KeyStreamName(project, topic string, i int) string {
 // KeyStreamFirstSeq is the first sequence of key stream i.
 func KeyStreamFirstSeq(i int) uint64 { return uint64(i+1) << KeyStreamSeqBits }
 
-// StreamOfSeq is the stream a sequence of a split topic belongs to: -1
-// for the topic's own stream, i for key stream i.
-func StreamOfSeq(seq uint64) int { return int(seq>>KeyStreamSeqBits) - 1 }
-
 // TopicSubjects is the subject filter a topic's stream captures.
 func TopicSubjects(project, topic string) string {
 	return topicPrefix(project, topic) + ">"

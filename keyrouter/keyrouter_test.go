@@ -310,3 +310,23 @@ func subjectMatches(filter, subject string) bool {
 	}
 	return len(f) == len(s)
 }
+
+func TestKeyStreamNames(t *testing.T) {
+	if got := KeyStreamName("my-proj", "orders", 3); got != "JO_my-proj__orders__k03" {
+		t.Fatalf("KeyStreamName = %q", got)
+	}
+	// No topic's own stream can have a key stream's name: "__k" never
+	// occurs in an encoded id ("_" is written "_5F").
+	if KeyStreamName("p", "t", 0) == StreamName("p", "t__k00") {
+		t.Fatal("a key stream name is a topic's stream name")
+	}
+	long := strings.Repeat("t", 250)
+	if got := KeyStreamName("p", long, 15); len(got) > maxNameBytes || !strings.HasSuffix(got, "__k15") || got == KeyStreamName("p", long+"x", 15) {
+		t.Fatalf("long topic: %q", got)
+	}
+	// The ranges of sequences: the topic's stream from 1, key stream i
+	// from (i+1)<<48, all below 2^53.
+	if KeyStreamFirstSeq(0) != 1<<48 || KeyStreamFirstSeq(MaxKeyStreams-1)+1<<KeyStreamSeqBits > 1<<53 {
+		t.Fatalf("first sequences %d .. %d", KeyStreamFirstSeq(0), KeyStreamFirstSeq(MaxKeyStreams-1))
+	}
+}
