@@ -352,10 +352,10 @@ func (r *subRecord) streams() []string { return topicStreams(r.TopicProject, r.T
 func (r *subRecord) split() bool { return r.KeyStreams > 1 }
 
 // partitionStream is the stream partition i reads, with filter (""
-// for the whole stream) and start: a key stream of a split topic, which
-// holds the partition's keyed messages (and another partition's or more
-// when there are more key streams than partitions, which is refused), or
-// the topic's one stream.
+// for the whole stream) and start: on a split topic key stream i mod
+// KeyStreams, all of it with as many partitions as key streams, the
+// partition's slots of it with more (never fewer: CreateSubscription
+// raises them); otherwise the topic's one stream.
 func (r *subRecord) partitionStream(i int) (stream, filter string, start uint64) {
 	if !r.split() {
 		return r.stream(), keyrouter.PartitionFilter(r.TopicProject, r.Topic, r.Partitions, i), r.StartSeq
