@@ -325,7 +325,10 @@ func TestKeyStreamsDeleteAndCreateAgain(t *testing.T) {
 // delivery and a change of the label, and an ordered subscription gets
 // every key in order, and again from a snapshot.
 func TestKeyStreamsThroughGoClient(t *testing.T) {
-	sc := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0"}) // for the test's look at the consumers
+	// The default delivery whatever JETORDER_TEST_DELIVERY says: per-key
+	// delivery does not read key streams. NATSListen: the test looks at
+	// the consumers.
+	sc := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0", Delivery: adapter.DefaultDelivery})
 	c := sc.GoClient()
 	ctx := context.Background()
 	topic, err := c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("split"), Labels: map[string]string{"jetorder-key-streams": "4"}})
