@@ -176,15 +176,12 @@ func (s *Subscription) FirstUnackedPoint(ctx context.Context) (Point, time.Time,
 	if err != nil {
 		return Point{}, time.Time{}, err
 	}
-	if p.KeySeqs, err = s.firstUnackedKeyed(ctx, rec); err != nil {
+	var keyStreams []jetstream.Stream
+	if p.KeySeqs, keyStreams, err = s.firstUnackedKeyed(ctx, rec); err != nil {
 		return Point{}, time.Time{}, err
 	}
 	for i, seq := range p.KeySeqs {
-		ks, err := s.c.js.Stream(ctx, keyrouter.KeyStreamName(rec.TopicProject, rec.Topic, i))
-		if err != nil {
-			return Point{}, time.Time{}, err
-		}
-		at, err := firstStored(ctx, ks, seq)
+		at, err := firstStored(ctx, keyStreams[i], seq)
 		if err != nil {
 			return Point{}, time.Time{}, err
 		}
@@ -213,30 +210,33 @@ func firstStored(ctx context.Context, stream jetstream.Stream, seq uint64) (time
 }
 
 // firstUnackedKeyed is firstUnacked for each key stream of the topic of a
-// partitioned or unordered subscription (no per-key discovery there):
-// none for a topic without key streams.
-func (s *Subscription) firstUnackedKeyed(ctx context.Context, rec *subRecord) ([]uint64, error) {
+// partitioned or unordered subscription (no per-key discovery there),
+// with the key streams: none for a topic without key streams.
+func (s *Subscription) firstUnackedKeyed(ctx context.Context, rec *subRecord) ([]uint64, []jetstream.Stream, error) {
 	indexes := keyStreamIndexes(rec.KeyStreams)
 	if len(indexes) == 0 {
-		return nil, nil
+		return nil, nil, nil
+	}
+	streams := make([]jetstream.Stream, len(indexes))
+	for _, i := range indexes {
+		var err error
+		if streams[i], err = s.c.js.Stream(ctx, keyrouter.KeyStreamName(rec.TopicProject, rec.Topic, i)); err != nil {
+			return nil, nil, err
+		}
 	}
 	if rec.Settling {
-		return rec.SeekKeySeqs, nil
+		return rec.SeekKeySeqs, streams, nil
 	}
 	infos, err := s.c.topicConsumers(ctx, rec)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	starts := rec.KeyStartSeqs
 	out := make([]uint64, len(indexes))
 	prefix := keyrouter.SubscriptionBase(rec.Project, rec.nameID()) + "_"
 	for _, i := range indexes {
-		name := keyrouter.KeyStreamName(rec.TopicProject, rec.Topic, i)
-		ks, err := s.c.js.Stream(ctx, name)
-		if err != nil {
-			return nil, err
-		}
-		first := ks.CachedInfo().State.LastSeq + 1
+		name := streams[i].CachedInfo().Config.Name
+		first := streams[i].CachedInfo().State.LastSeq + 1
 		for _, info := range infos {
 			if info.Stream != name || !strings.HasPrefix(info.Name, prefix) || info.NumAckPending == 0 && info.NumPending == 0 {
 				continue
@@ -245,7 +245,7 @@ func (s *Subscription) firstUnackedKeyed(ctx context.Context, rec *subRecord) ([
 		}
 		out[i] = max(first, starts[i])
 	}
-	return out, nil
+	return out, streams, nil
 }
 
 // firstUnacked is the first unacked sequence of the topic's own stream.

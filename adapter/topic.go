@@ -207,7 +207,7 @@ func (c *Client) CreateTopicWithConfig(ctx context.Context, id string, cfg *Topi
 		return nil, fmt.Errorf("%w: negative retention", ErrInvalidConfig)
 	}
 	keyStreams := max(cfg.KeyStreams, 1)
-	if cfg.KeyStreams < 0 || keyStreams > keyrouter.MaxKeyStreams || keyStreams&(keyStreams-1) != 0 {
+	if cfg.KeyStreams < 0 || !keyrouter.ValidKeyStreams(keyStreams) {
 		return nil, fmt.Errorf("%w: key streams %d: a power of two up to %d", ErrInvalidConfig, cfg.KeyStreams, keyrouter.MaxKeyStreams)
 	}
 	ctx, cancel := c.withTimeout(ctx)
@@ -272,10 +272,17 @@ func (c *Client) CreateTopicWithConfig(ctx context.Context, id string, cfg *Topi
 		return nil, fmt.Errorf("create topic %s: %w", t, err)
 	}
 	// The topic's stream claims the name; its key streams follow. Until
-	// they exist, keyed publishes fail as to a topic that does not.
+	// they exist, keyed publishes fail as to a topic that does not. Should
+	// one fail, the topic's stream goes again (with a context of its own:
+	// ctx may be the one that ended), so that the id is free for another
+	// create instead of naming a topic without its key streams; key
+	// streams left behind are replaced by the next create.
 	if err := forEachParallel(ctx, keyStreamIndexes(keyStreams), 16, func(ctx context.Context, i int) error {
 		return c.createKeyStream(ctx, t, scfg, i, keyStreams)
 	}); err != nil {
+		undo, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.apiTimeout)
+		defer cancel()
+		_ = c.js.DeleteStream(undo, t.stream)
 		return nil, fmt.Errorf("create topic %s: %w", t, err)
 	}
 	return t, nil

@@ -11,6 +11,7 @@ import (
 
 	"cloud.google.com/go/pubsub/v2"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
@@ -399,4 +400,30 @@ func TestKeyStreamsThroughGoClient(t *testing.T) {
 	if v := r.check.Violations(); len(v) > 0 {
 		t.Fatalf("violations:\n%s", strings.Join(v, "\n"))
 	}
+}
+
+// A create whose key stream cannot be made (here a stream of another
+// application already captures its subjects) fails, and leaves no topic
+// behind: the id is free, and a create once the way is clear succeeds.
+func TestKeyStreamsCreateFailureLeavesNoTopic(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	js := jetstreamOf(t, e)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OTHER", Subjects: []string{keyrouter.PartitionFilter(project, "blocked", 2, 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.CreateTopicWithConfig(ctx, "blocked", &adapter.TopicConfig{KeyStreams: 2}); err == nil {
+		t.Fatal("created a topic whose key stream overlaps another stream")
+	}
+	if ok, err := e.client.Topic("blocked").Exists(ctx); ok || err != nil {
+		t.Fatalf("after the failed create the topic exists: %v, %v", ok, err)
+	}
+	if err := js.DeleteStream(ctx, "OTHER"); err != nil {
+		t.Fatal(err)
+	}
+	topic, err := e.client.CreateTopicWithConfig(ctx, "blocked", &adapter.TopicConfig{KeyStreams: 2})
+	if err != nil {
+		t.Fatalf("create once the way is clear: %v", err)
+	}
+	publish(t, topic, "x", "k")
 }

@@ -119,6 +119,10 @@ func StreamName(project, topic string) string {
 // split over.
 const MaxKeyStreams = 16
 
+// ValidKeyStreams reports whether n is a key stream count a topic may
+// have: a power of two up to MaxKeyStreams (1: no key streams).
+func ValidKeyStreams(n int) bool { return n >= 1 && n <= MaxKeyStreams && n&(n-1) == 0 }
+
 // KeyStreamSeqBits: a topic's streams number their messages in ranges of
 // their own, 2^KeyStreamSeqBits each, so that a sequence names one message
 // of the topic across its streams, and the stream it is in. The topic's

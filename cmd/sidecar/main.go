@@ -146,7 +146,7 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	default:
 		err = errors.Join(err, fmt.Errorf("--delivery %q: want per-key or partitioned", delivery))
 	}
-	if n, e := strconv.Atoi(keyStreams); e != nil || n < 1 || n > keyrouter.MaxKeyStreams || n&(n-1) != 0 {
+	if n, e := strconv.Atoi(keyStreams); e != nil || !keyrouter.ValidKeyStreams(n) {
 		err = errors.Join(err, fmt.Errorf("--key-streams %q: want 1, 2, 4, 8 or 16", keyStreams))
 	} else {
 		c.KeyStreams = n

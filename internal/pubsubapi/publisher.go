@@ -92,7 +92,7 @@ func (s *Server) keyStreams(cfg *adapter.TopicConfig) error {
 	n := s.cfg.KeyStreams
 	if v, ok := cfg.Labels[labelKeyStreams]; ok {
 		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1 || n > keyrouter.MaxKeyStreams || n&(n-1) != 0 {
+		if n, err = strconv.Atoi(v); err != nil || !keyrouter.ValidKeyStreams(n) {
 			return invalid("label %s %q: want 1, 2, 4, 8 or 16", labelKeyStreams, v)
 		}
 	}
