@@ -176,7 +176,14 @@ func (m *partitionedMode) start(ctx context.Context) error {
 		m.parts = append(m.parts, p)
 	}
 	m.recorded, m.recordedRev = make([]string, len(m.parts)), make([]uint64, len(m.parts))
-	w, err := m.join(ctx)
+	// Tried again while it fails for a reason that goes away by itself (a
+	// reconnect whose buffer filled, the bucket's leader being elected):
+	// a receiver started during a fault waits for it.
+	var w jetstream.KeyWatcher
+	err := r.c.retryAPI(ctx, func(ctx context.Context) (err error) {
+		w, err = m.join(ctx)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("record member: %w", err)
 	}

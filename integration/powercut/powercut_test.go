@@ -311,6 +311,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 		pub := c.Publisher(topics[0])
 		pub.EnableMessageOrdering = true
 		var mu sync.Mutex
+		var pubErrs []string // publishes that failed before the cut
 		// Cancelled at the cut: a result still pending then is not
 		// acknowledged (the client would retry it for a minute).
 		pctx, cut := context.WithCancel(ctx)
@@ -341,6 +342,11 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 					}
 					for j, r := range results {
 						if _, err := r.Get(pctx); err != nil {
+							if pctx.Err() == nil { // not the cut: reported if the round does not get going
+								mu.Lock()
+								pubErrs = append(pubErrs, fmt.Sprintf("%s #%d: %v", key, from+j, err))
+								mu.Unlock()
+							}
 							return // the cut: this key publishes no more this round
 						}
 						mu.Lock()
@@ -362,7 +368,11 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 			mu.Lock()
 			defer mu.Unlock()
 			return res.acked >= before+600 && stampedAcked >= stampedBefore+20
-		}, "publishing did not get going")
+		}, "publishing did not get going: %v publishes acknowledged this round (want 600), %v of stamped keys (want 20); publishes failed before the cut: %v; the sidecar's log:\n%v",
+			func() int { mu.Lock(); defer mu.Unlock(); return res.acked - before },
+			func() int { mu.Lock(); defer mu.Unlock(); return stampedAcked - stampedBefore },
+			func() []string { mu.Lock(); defer mu.Unlock(); return pubErrs[:min(len(pubErrs), 5)] },
+			func() string { return lastLines(p.Log(), 60) })
 		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond) // a random moment to cut, not synchronisation
 		site.kill()
 		res.replays += strings.Count(p.Log(), powerCutReplayed)
@@ -525,4 +535,10 @@ func powerCutReceive(t *testing.T, c *pubsub.Client, sub string, keys []string, 
 		n += len(idx)
 	}
 	return o.got, n
+}
+
+// lastLines is the end of a process's log, for a failure message.
+func lastLines(log string, n int) string {
+	lines := strings.Split(strings.TrimRight(log, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
