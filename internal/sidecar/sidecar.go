@@ -57,7 +57,8 @@ type Config struct {
 	AuthJWTAudiences []string // JWTs must name one
 	IAMPolicy        string   // project-level policy file; "" every authenticated caller is admin
 	// AllowUnauthenticated lets the APIs listen beyond loopback without
-	// access control; otherwise Run refuses to start.
+	// access control, and the embedded server's client port (NATSListen)
+	// without authentication; otherwise Run refuses to start.
 	AllowUnauthenticated bool
 	// OpenEndpoints are HTTP paths served without access control, of
 	// /healthz, /readyz and /metrics.
@@ -69,7 +70,16 @@ type Config struct {
 	// SyncAlways or SyncLazy (docs/RELIABILITY.md, "Power cuts").
 	Sync       embedded.SyncPolicy
 	NATSListen string // also expose the embedded server's client port
-	NATSURL    string // use this NATS server or cluster instead
+	// Authentication and TLS of that port (docs/SIDECAR.md, "Access
+	// control"): a user and password (or the password's bcrypt hash),
+	// client certificates verified against NATSListenTLSClientCA, or both;
+	// either turns authentication on. Beyond loopback Run refuses a port
+	// without it, unless AllowUnauthenticated. The sidecar's own
+	// connection is in-process and needs none of them.
+	NATSListenUser, NATSListenPassword                         string
+	NATSListenTLSCert, NATSListenTLSKey, NATSListenTLSClientCA string // files
+
+	NATSURL string // use this NATS server or cluster instead
 
 	// Credentials and TLS for NATSURL.
 	NATSCreds, NATSNKey                string // files
@@ -198,6 +208,12 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		if pushAllow, err = push.ParseAllowList(allow); err != nil {
 			return nil, err
 		}
+	}
+	if err := cfg.CheckNATSListen(); err != nil {
+		return nil, err
+	}
+	if err := checkNATSExposure(ctx, cfg); err != nil {
+		return nil, err
 	}
 	s := &sidecar{cfg: cfg, log: log}
 	if s.nc, s.srv, err = connect(cfg, log); err != nil {
@@ -417,13 +433,18 @@ func (s *sidecar) serve(ctx context.Context, ready func(Listening)) error {
 
 	attrs := []any{"grpc", s.where.GRPC, "http", orOff(s.where.HTTP), "tls", s.tls, "name", s.cfg.Name}
 	if s.srv != nil {
-		attrs = append(attrs, "nats", "embedded", "data_dir", s.cfg.DataDir, "nats_listen", orOff(s.where.NATS), "sync", s.srv.SyncPolicy())
+		attrs = append(attrs, "nats", "embedded", "data_dir", s.cfg.DataDir, "nats_listen", orOff(s.where.NATS))
+		if s.where.NATS != "" {
+			attrs = append(attrs, "nats_listen_auth", describeNATSListenAuth(s.cfg))
+		}
+		attrs = append(attrs, "sync", s.srv.SyncPolicy())
 	} else {
 		attrs = append(attrs, "nats", redactURLs(s.nc.ConnectedUrl()))
 	}
 	s.log.Info("jetorder sidecar listening", attrs...)
-	// The APIs have no authentication of their own, and the embedded
-	// server none at all: say so when others can reach them.
+	// Credentials travel in the clear without TLS, and without access
+	// control anyone may do anything: say so when others can reach the
+	// ports.
 	if !s.tls && beyondLoopback(s.gl.Addr()) {
 		s.log.Warn("the gRPC API listens beyond loopback without TLS", "grpc", s.where.GRPC)
 	}
@@ -431,7 +452,12 @@ func (s *sidecar) serve(ctx context.Context, ready func(Listening)) error {
 		s.log.Warn("the HTTP API listens beyond loopback without TLS", "http", s.where.HTTP)
 	}
 	if s.srv != nil && s.where.NATS != "" && beyondLoopback(s.srv.Addr()) {
-		s.log.Warn("--nats-listen exposes the embedded nats-server, which has no authentication, beyond loopback", "nats_listen", s.where.NATS)
+		switch {
+		case !s.cfg.natsListenAuth(): // --allow-unauthenticated
+			s.log.Warn("--nats-listen exposes the embedded nats-server beyond loopback without authentication", "nats_listen", s.where.NATS)
+		case s.cfg.NATSListenTLSCert == "":
+			s.log.Warn("the embedded nats-server's client port (--nats-listen) listens beyond loopback without TLS", "nats_listen", s.where.NATS)
+		}
 	}
 	if ready != nil {
 		ready(s.where)
@@ -611,7 +637,11 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 		}),
 	}
 	if cfg.NATSURL == "" {
-		ecfg := embedded.Config{StoreDir: cfg.DataDir, NoListen: cfg.NATSListen == "", Logger: log, Sync: cfg.Sync}
+		configure, own, err := natsListenSecurity(cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		ecfg := embedded.Config{StoreDir: cfg.DataDir, NoListen: cfg.NATSListen == "", Logger: log, Sync: cfg.Sync, Configure: configure}
 		if cfg.NATSListen != "" {
 			host, port, err := net.SplitHostPort(cfg.NATSListen)
 			if err != nil {
@@ -634,7 +664,7 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 		case err != nil:
 			return nil, nil, err
 		}
-		nc, err := nats.Connect("", append(opts, nats.InProcessServer(srv))...)
+		nc, err := nats.Connect("", append(append(opts, own...), nats.InProcessServer(srv))...)
 		if err != nil {
 			srv.Shutdown()
 			return nil, nil, fmt.Errorf("connect to the embedded server: %w", err)
