@@ -724,6 +724,8 @@ func (r *clusterChaosRun) inject(f clusterFault) (faultFigures, error) {
 	f.do()()
 	undone := time.Now()
 	r.logf("%s undone", f.kind)
+	spread := r.watchSpread()
+	defer spread.stop()
 	// Flowing again: every key has a message published after the undo
 	// acked, and every key goes on flowing for 3 s (a partition can
 	// stall again once the others flow: that stall is this fault's too).
@@ -744,17 +746,76 @@ func (r *clusterChaosRun) inject(f clusterFault) (faultFigures, error) {
 	var ff faultFigures
 	ff.publish, ff.delivery = r.flow.stalls(from, to)
 	ff.election = r.probe.election(from, to)
-	if itest.Delivery == adapter.DeliveryPartitioned {
-		// Spread again: every partition owned, each sidecar within one of
-		// an even share.
-		var owned []int
-		var n int
-		if !testutil.Poll(2*time.Minute, func() bool { owned, n = r.partitionsOwned(); return evenlySpread(owned, n) }) {
-			return ff, fmt.Errorf("%s: partitions not spread evenly 2 min after it was undone: owned per sidecar %v of %d\n%s", f.kind, owned, n, r.sidecarStates())
+	if itest.Delivery != adapter.DeliveryPerKey {
+		at, owned, ok := spread.evenSince(2 * time.Minute)
+		if !ok {
+			return ff, fmt.Errorf("%s: partitions not spread evenly 2 min after it was undone: owned per sidecar %v\n%s", f.kind, owned, r.sidecarStates())
 		}
-		ff.spread = time.Since(undone)
+		ff.spread = max(0, at.Sub(undone))
 	}
 	return ff, nil
+}
+
+// spreadWatch follows, from a fault's undo, whether the ordered
+// subscription's partitions are spread evenly over the sidecars: every
+// partition owned, each sidecar within one of an even share.
+type spreadWatch struct {
+	mu    sync.Mutex
+	since time.Time // evenly spread since (zero: not now)
+	owned []int     // the last answer
+	done  chan struct{}
+	wg    sync.WaitGroup
+}
+
+func (r *clusterChaosRun) watchSpread() *spreadWatch {
+	w := &spreadWatch{done: make(chan struct{})}
+	if itest.Delivery == adapter.DeliveryPerKey {
+		return w
+	}
+	w.wg.Go(func() {
+		for {
+			owned, n := r.partitionsOwned()
+			now := time.Now()
+			w.mu.Lock()
+			w.owned = owned
+			switch even := evenlySpread(owned, n); {
+			case !even:
+				w.since = time.Time{}
+			case w.since.IsZero():
+				w.since = now
+			}
+			w.mu.Unlock()
+			select {
+			case <-time.After(100 * time.Millisecond): // polling the sidecars' status
+			case <-w.done:
+				return
+			}
+		}
+	})
+	return w
+}
+
+// evenSince waits up to timeout for the partitions to be spread evenly,
+// and returns since when they have been.
+func (w *spreadWatch) evenSince(timeout time.Duration) (time.Time, []int, bool) {
+	var at time.Time
+	var owned []int
+	ok := testutil.Poll(timeout, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		at, owned = w.since, w.owned
+		return !at.IsZero()
+	})
+	return at, owned, ok
+}
+
+func (w *spreadWatch) stop() {
+	select {
+	case <-w.done:
+	default:
+		close(w.done)
+	}
+	w.wg.Wait()
 }
 
 // partitionsOwned is how many of the ordered subscription's partitions
@@ -1092,7 +1153,7 @@ func TestClusterChaos(t *testing.T) {
 		for _, ff := range ffs {
 			pub, del, el, beyond = append(pub, ff.publish), append(del, ff.delivery), append(el, ff.election), append(beyond, ff.beyond())
 			spread = append(spread, ff.spreadBeyond())
-			if itest.Delivery == adapter.DeliveryPartitioned && ff.spreadBeyond() > spreadBound {
+			if itest.Delivery != adapter.DeliveryPerKey && ff.spreadBeyond() > spreadBound {
 				unspread = append(unspread, fmt.Sprintf("%s: spread evenly again %v after the undo, %v beyond the cluster's elections", f.kind, ff.spread.Round(time.Millisecond), ff.spreadBeyond().Round(time.Millisecond)))
 			}
 		}
