@@ -77,17 +77,27 @@ const attempts = 5
 // subscriptions (which name topics). A resource that does not exist is
 // created with the declared settings; one that exists has each field the
 // file gives compared, and those that differ are updated in one update
-// (fields the file leaves out are left as they are); a difference that no
-// update can make is refused (ErrFixed). A create that finds the resource
-// created meanwhile (AlreadyExists: another sidecar applying the same
-// file) compares with what the other created, so that sidecars applying
-// one file at once converge without errors. Nothing is deleted.
+// (fields the file leaves out are left as they are). A create that finds
+// the resource created meanwhile (AlreadyExists: another sidecar applying
+// the same file) compares with what the other created, so that sidecars
+// applying one file at once converge without errors. Nothing is deleted.
 //
-// Apply goes on past a resource it cannot apply and returns every
-// problem, each an *Error naming the declaration's line, joined, with
-// the report of what it did; what it did stays done. It blocks until done
-// or ctx ends.
+// First Apply reads every declared resource that exists and compares: if
+// any differs in what no update can change (ErrFixed), it returns those
+// problems and changes nothing. Then it creates and updates, going on past
+// a resource the API refuses; what it did stays done. Every problem is an
+// *Error naming the declaration's line; they are returned joined, with the
+// report of what was done. Apply blocks until done or ctx ends.
 func (f *File) Apply(ctx context.Context, ps PubSub, sc Schemas) (Report, error) {
+	if _, err := f.pass(ctx, ps, sc, true); err != nil {
+		return nil, err
+	}
+	return f.pass(ctx, ps, sc, false)
+}
+
+// pass applies every declaration, or with check only compares those that
+// exist.
+func (f *File) pass(ctx context.Context, ps PubSub, sc Schemas, check bool) (Report, error) {
 	var r Report
 	var errs []error
 	note := func(o Outcome, err error) {
@@ -98,13 +108,13 @@ func (f *File) Apply(ctx context.Context, ps PubSub, sc Schemas) (Report, error)
 		r = append(r, o)
 	}
 	for _, s := range f.Schemas {
-		note(f.schema(ctx, sc, s))
+		note(f.schema(ctx, sc, s, check))
 		if ctx.Err() != nil {
 			return r, errors.Join(append(errs, ctx.Err())...)
 		}
 	}
 	for _, t := range f.Topics {
-		note(ensure(ctx, f, t.Decl, "topic", t.Topic.GetName(), t.Topic, pubsubapi.TopicCreationLabels(), nil,
+		note(ensure(ctx, f, check, t.Decl, "topic", t.Topic.GetName(), t.Topic, pubsubapi.TopicCreationLabels(), nil,
 			func(ctx context.Context) (*pb.Topic, error) {
 				return ps.GetTopic(ctx, &pb.GetTopicRequest{Topic: t.Topic.GetName()})
 			},
@@ -118,7 +128,7 @@ func (f *File) Apply(ctx context.Context, ps PubSub, sc Schemas) (Report, error)
 		}
 	}
 	for _, s := range f.Subscriptions {
-		note(ensure(ctx, f, s.Decl, "subscription", s.Subscription.GetName(), s.Subscription, pubsubapi.SubscriptionCreationLabels(), fixedSubscriptionFields,
+		note(ensure(ctx, f, check, s.Decl, "subscription", s.Subscription.GetName(), s.Subscription, pubsubapi.SubscriptionCreationLabels(), fixedSubscriptionFields,
 			func(ctx context.Context) (*pb.Subscription, error) {
 				return ps.GetSubscription(ctx, &pb.GetSubscriptionRequest{Subscription: s.Subscription.GetName()})
 			},
@@ -141,8 +151,9 @@ func (f *File) Apply(ctx context.Context, ps PubSub, sc Schemas) (Report, error)
 // refuses them, as the service does).
 var fixedSubscriptionFields = []protoreflect.Name{"topic", "enable_message_ordering", "filter"}
 
-// ensure applies the declaration d of a topic or subscription, want.
-func ensure[M proto.Message](ctx context.Context, f *File, d Decl, kind, name string, want M, creationLabels map[string]string,
+// ensure applies the declaration d of a topic or subscription, want; with
+// check it only compares an existing one (plan's errors).
+func ensure[M proto.Message](ctx context.Context, f *File, check bool, d Decl, kind, name string, want M, creationLabels map[string]string,
 	fixed []protoreflect.Name, get func(context.Context) (M, error), create func(context.Context) error,
 	update func(context.Context, M, []string) error) (Outcome, error) {
 	res := fmt.Sprintf("%s %q", kind, d.ID)
@@ -154,6 +165,9 @@ func ensure[M proto.Message](ctx context.Context, f *File, d Decl, kind, name st
 		last := try == attempts
 		cur, err := get(ctx)
 		if status.Code(err) == codes.NotFound {
+			if check {
+				return o, nil
+			}
 			err = create(ctx)
 			if err == nil {
 				o.Created = true
@@ -168,11 +182,8 @@ func ensure[M proto.Message](ctx context.Context, f *File, d Decl, kind, name st
 			return fail(d.Line, "read", err)
 		}
 		to, mask, err := plan(f, d, kind, cur, want, creationLabels, fixed)
-		if err != nil {
-			return Outcome{}, err
-		}
-		if len(mask) == 0 {
-			return o, nil
+		if err != nil || check || len(mask) == 0 {
+			return o, err
 		}
 		err = update(ctx, to, mask)
 		if status.Code(err) == codes.NotFound && !last {
@@ -221,7 +232,7 @@ func plan[M proto.Message](f *File, d Decl, kind string, cur, want M, creationLa
 				lm.Set(protoreflect.ValueOfString(k).MapKey(), protoreflect.ValueOfString(v))
 			}
 		}
-		merge(dst, src, g)
+		mergeField(dst, src, g)
 		if dst.Has(fd) == old.Has(fd) && dst.Get(fd).Equal(old.Get(fd)) {
 			continue
 		}
@@ -268,22 +279,27 @@ func withCreationLabels(kind string, cur, want protoreflect.Map, creation map[st
 	return out, nil
 }
 
-// merge sets in dst the fields that g gives, from src; a field given as a
-// mapping is merged field by field, one given as null cleared.
+// merge sets in dst the fields that g gives, from src (mergeField).
 func merge(dst, src protoreflect.Message, g *given) {
 	for _, c := range g.fields {
-		fd := c.fd
-		switch {
-		case c.null:
-			dst.Clear(fd)
-		case c.fields != nil || isGroup(fd):
-			// Mutable makes it present (and, in a oneof, the one set).
-			merge(dst.Mutable(fd).Message(), src.Get(fd).Message(), c)
-		case src.Has(fd):
-			dst.Set(fd, src.Get(fd))
-		default:
-			dst.Clear(fd)
-		}
+		mergeField(dst, src, c)
+	}
+}
+
+// mergeField sets field c of dst from src: a field given as a mapping
+// field by field, one given as null cleared.
+func mergeField(dst, src protoreflect.Message, c *given) {
+	fd := c.fd
+	switch {
+	case c.null:
+		dst.Clear(fd)
+	case isGroup(fd):
+		// Mutable makes it present (and, in a oneof, the one set).
+		merge(dst.Mutable(fd).Message(), src.Get(fd).Message(), c)
+	case src.Has(fd):
+		dst.Set(fd, src.Get(fd))
+	default:
+		dst.Clear(fd)
 	}
 }
 
@@ -310,8 +326,9 @@ func show(m protoreflect.Message, fd protoreflect.FieldDescriptor) string {
 
 // schema applies a schema's declaration: created if missing; an existing
 // one must have the declared type and definition at its newest revision
-// (compared as text), which the file cannot change.
-func (f *File) schema(ctx context.Context, sc Schemas, s *Schema) (Outcome, error) {
+// (compared as text), which the file cannot change. With check it only
+// compares an existing one.
+func (f *File) schema(ctx context.Context, sc Schemas, s *Schema, check bool) (Outcome, error) {
 	res := fmt.Sprintf("schema %q", s.ID)
 	o := Outcome{Name: s.Schema.GetName()}
 	fail := func(op string, err error) (Outcome, error) {
@@ -320,6 +337,9 @@ func (f *File) schema(ctx context.Context, sc Schemas, s *Schema) (Outcome, erro
 	for try := 1; ; try++ {
 		cur, err := sc.GetSchema(ctx, &pb.GetSchemaRequest{Name: s.Schema.GetName(), View: pb.SchemaView_FULL})
 		if status.Code(err) == codes.NotFound {
+			if check {
+				return o, nil
+			}
 			_, err = sc.CreateSchema(ctx, &pb.CreateSchemaRequest{
 				Parent:   "projects/" + s.Project,
 				SchemaId: s.ID,
