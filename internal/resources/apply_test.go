@@ -41,6 +41,8 @@ func TestPlanSubscription(t *testing.T) {
 			want: func(s *pb.Subscription) { s.RetryPolicy.MaximumBackoff = sec(30) }},
 		{name: "labels keep those of creation", decl: "{topic: t, labels: {a: c}, ackDeadlineSeconds: 20}", mask: []string{"labels", "ack_deadline_seconds"},
 			want: func(s *pb.Subscription) { s.Labels["a"], s.AckDeadlineSeconds = "c", 20 }},
+		{name: "no labels but those of creation", decl: "{topic: t, labels: null}", mask: []string{"labels"},
+			want: func(s *pb.Subscription) { delete(s.Labels, "a") }},
 		{name: "null removes", decl: "{topic: t, deadLetterPolicy: null, retryPolicy: ~}", mask: []string{"dead_letter_policy", "retry_policy"},
 			want: func(s *pb.Subscription) { s.DeadLetterPolicy, s.RetryPolicy = nil, nil }},
 		{name: "present but empty", decl: "{topic: t, expirationPolicy: {}}", mask: []string{"expiration_policy"},

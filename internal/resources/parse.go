@@ -238,6 +238,9 @@ func (p *parser) message(n *yaml.Node, res, project, path string, sp spec, m pro
 		fg := &given{fd: fd, line: kv.key.Line}
 		g.fields = append(g.fields, fg)
 		if isNull(v) {
+			if fd.IsMap() {
+				continue // none: an empty mapping (labels the file leaves out of it are removed)
+			}
 			if fd.Kind() != protoreflect.MessageKind {
 				p.errorf(v, res, "field %q: want %s, not null", full, kindOf(fd))
 				continue
