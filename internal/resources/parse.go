@@ -227,8 +227,14 @@ func (p *parser) message(n *yaml.Node, res, project, path string, sp spec, m pro
 		case name == "name" && path == "":
 			p.errorf(kv.key, res, "field \"name\": the id is the declaration's key, the project the key above it")
 			continue
+		case fd == nil && m.Descriptor().Fields().ByName(protoreflect.Name(name)) != nil:
+			p.errorf(kv.key, res, "unknown field %q: the file has the REST API's names, %q", full, join(path, m.Descriptor().Fields().ByName(protoreflect.Name(name)).JSONName()))
+			continue
 		case fd == nil:
 			p.errorf(kv.key, res, "unknown field %q", full)
+			continue
+		case fd.ContainingOneof() != nil && oneofGiven(g, fd) != nil:
+			p.errorf(kv.key, res, "fields %q and %q exclude each other", join(path, oneofGiven(g, fd).JSONName()), full)
 			continue
 		case !allowed:
 			p.errorf(kv.key, res, "field %q is not supported by the sidecar", full)
@@ -257,6 +263,16 @@ func (p *parser) message(n *yaml.Node, res, project, path string, sp spec, m pro
 			m.Set(fd, val)
 		}
 	}
+}
+
+// oneofGiven is the field of fd's oneof that g already gives, if any.
+func oneofGiven(g *given, fd protoreflect.FieldDescriptor) protoreflect.FieldDescriptor {
+	for _, c := range g.fields {
+		if c.fd.ContainingOneof() == fd.ContainingOneof() {
+			return c.fd
+		}
+	}
+	return nil
 }
 
 // value decodes the one value of field fd given as n.

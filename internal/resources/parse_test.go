@@ -154,6 +154,19 @@ projects:
         topic: t
         ackDeadline: 10
 `, []string{`r.yaml:7: subscription "orders": unknown field "ackDeadline"`}},
+		{"proto names", `
+projects:
+  p:
+    subscriptions:
+      orders: {topic: t, ack_deadline_seconds: 10, push_config: {push_endpoint: x}}
+`, []string{`r.yaml:5: subscription "orders": unknown field "ack_deadline_seconds": the file has the REST API's names, "ackDeadlineSeconds"`,
+			`r.yaml:5: subscription "orders": unknown field "push_config": the file has the REST API's names, "pushConfig"`}},
+		{"both wrappers", `
+projects:
+  p:
+    subscriptions:
+      orders: {topic: t, pushConfig: {pushEndpoint: x, pubsubWrapper: {}, noWrapper: {}}}
+`, []string{`r.yaml:5: subscription "orders": fields "pushConfig.pubsubWrapper" and "pushConfig.noWrapper" exclude each other`}},
 		{"unknown nested field", `
 projects:
   p:
