@@ -18,15 +18,17 @@ var (
 	// declares a setting of an existing resource that differs from what
 	// the resource has and that cannot change after creation: a
 	// subscription's topic, message ordering or filter, a label read only
-	// at creation (pubsubapi.CreationLabels), a schema's type or
+	// at creation (pubsubapi.TopicCreationLabels and
+	// SubscriptionCreationLabels), a schema's type or
 	// definition.
 	ErrFixed = errors.New("cannot change after creation")
 )
 
 // Error is one problem of one declaration in a resources file: where it
 // is, which resource, and what is wrong. Err is ErrInvalid or ErrFixed
-// with the detail, or the API's error (a gRPC status) for a create or
-// update the API refused; errors.Is and status.Code see through it.
+// (what is wrong in detail is in the message), or the API's error (a gRPC
+// status) for a read, create or update the API refused; errors.Is and
+// status.Code see through it.
 type Error struct {
 	File     string
 	Line     int    // 0 when the problem is the file's as a whole
