@@ -29,6 +29,7 @@ import (
 	"github.com/jetorder/jetorder/internal/embedded"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 	"github.com/jetorder/jetorder/internal/push"
+	"github.com/jetorder/jetorder/internal/resources"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -114,6 +115,7 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	str(&webhookOrigins, "webhook-allowed-origins", "*", `CloudEvents webhook validation: origins granted, comma-separated ("*" all, "*.example.com" its subdomains)`)
 	str(&webhookRate, "webhook-allowed-rate", "*", `CloudEvents webhook validation: requests per minute granted ("*" no limit; advisory, not enforced)`)
 	str(&c.PushAllow, "push-allow", push.DefaultAllow, `push endpoints subscriptions may name, comma-separated: "loopback", host names, *.domain, IPs, CIDR prefixes, each with an optional :port ("off" disables push)`)
+	str(&c.Resources, "resources", "", `file of topics, subscriptions and schemas to create or bring up to date before serving, YAML or JSON (docs/SIDECAR.md, "Declared resources")`)
 	str(&pushMax, "push-max-outstanding", strconv.Itoa(pubsubapi.DefaultPushMaxOutstanding), "push requests in flight per subscription, for ordering keys and for unkeyed messages each")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -285,8 +287,9 @@ func main() {
 // run is the sidecar's command: it parses args, then prints the version,
 // or logs to stderr and serves until ctx ends. It returns the exit code: 0
 // after a shutdown ctx asked for (or -h, or --version), 1 when the sidecar
-// failed, 2 for a bad command line. global, if not nil, is given the
-// logger before the sidecar starts.
+// failed, 2 for a bad command line or a --resources file that is not
+// valid. global, if not nil, is given the logger before the sidecar
+// starts.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, global func(*slog.Logger)) int {
 	cfg, err := parseConfig(args, stdout)
 	switch {
@@ -299,6 +302,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, global fu
 		bi, _ := debug.ReadBuildInfo()
 		fmt.Fprint(stdout, version(bi, commit))
 		return 0
+	}
+	if cfg.Resources != "" {
+		// A file that is not valid is a configuration error, as a bad flag
+		// is: said plainly, each problem on its line, before anything starts.
+		// (Run reads it again, for its other callers.)
+		if _, err := resources.Load(cfg.Resources); err != nil {
+			fmt.Fprintf(stderr, "sidecar: --resources: %v\n", err)
+			return 2
+		}
 	}
 	log := newLogger(stderr, cfg.logFormat, cfg.logLevel)
 	if global != nil {

@@ -26,6 +26,16 @@ func TestParseConfig(t *testing.T) {
 	if err != nil || cfg.DataDir != "/from/flag" || cfg.NATSListen != "127.0.0.1:4222" || cfg.GRPCAddr != ":9000" {
 		t.Fatalf("flags: %+v, %v", cfg, err)
 	}
+	if cfg.Resources != "" {
+		t.Errorf("resources by default: %q, want none", cfg.Resources)
+	}
+	t.Setenv("JETORDER_RESOURCES", "/etc/jetorder/resources.yaml")
+	if cfg, err = parseConfig(nil, io.Discard); err != nil || cfg.Resources != "/etc/jetorder/resources.yaml" {
+		t.Errorf("resources from env: %q, %v", cfg.Resources, err)
+	}
+	if cfg, err = parseConfig([]string{"--resources", "r.json"}, io.Discard); err != nil || cfg.Resources != "r.json" {
+		t.Errorf("resources from flag over env: %q, %v", cfg.Resources, err)
+	}
 	for _, bad := range [][]string{
 		{"--nats-url", "nats://x", "--nats-listen", "127.0.0.1:4222"},
 		{"--no-such-flag"},

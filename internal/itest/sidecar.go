@@ -283,6 +283,7 @@ func flags(cfg sidecar.Config) []string {
 	if cfg.ShutdownTimeout != 0 {
 		str("shutdown-timeout", cfg.ShutdownTimeout.String())
 	}
+	str("resources", cfg.Resources)
 	return args
 }
 

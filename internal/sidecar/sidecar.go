@@ -37,6 +37,7 @@ import (
 	"github.com/jetorder/jetorder/internal/metrics"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 	"github.com/jetorder/jetorder/internal/push"
+	"github.com/jetorder/jetorder/internal/resources"
 	"github.com/jetorder/jetorder/internal/schemaapi"
 )
 
@@ -131,6 +132,11 @@ type Config struct {
 	// test moves on by a day instead of waiting one.
 	ExpirationCheck time.Duration
 	ExpirationClock func() time.Time
+
+	// Resources is a file of topics, subscriptions and schemas
+	// (internal/resources) that Run creates or brings up to date before
+	// it serves; "" none.
+	Resources string
 }
 
 // Listening is where a started sidecar serves.
@@ -142,7 +148,8 @@ type Listening struct {
 // ShutdownTimeout of ctx's end, clients settle what they hold, the rest is
 // handed back, the APIs stop, publishes are flushed and NATS and the
 // embedded server close. ready, if not nil, is called once everything
-// listens. Run returns nil after a shutdown that ctx asked for, or the
+// listens, after the resources file (Config.Resources), if any, is
+// applied: nothing is served before. Run returns nil after a shutdown that ctx asked for, or the
 // error that ended it (a server that failed, or a setup that could not
 // start).
 func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening)) error {
@@ -214,6 +221,12 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 	}
 	if err := checkNATSExposure(ctx, cfg); err != nil {
 		return nil, err
+	}
+	var declared *resources.File
+	if cfg.Resources != "" { // read first: a file that is not valid starts nothing
+		if declared, err = resources.Load(cfg.Resources); err != nil {
+			return nil, fmt.Errorf("--resources: %w", err)
+		}
 	}
 	s := &sidecar{cfg: cfg, log: log}
 	if s.nc, s.srv, err = connect(cfg, log); err != nil {
@@ -396,8 +409,53 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
 	}
+	if declared != nil {
+		if err := s.applyResources(ctx, declared, durable); err != nil {
+			s.api.Close()
+			if ctx.Err() != nil {
+				return nil, nil
+			}
+			return nil, err
+		}
+	}
 	built = true
 	return s, nil
+}
+
+// The servers Apply goes through.
+var (
+	_ resources.PubSub  = (*pubsubapi.Server)(nil)
+	_ resources.Schemas = (*schemaapi.Server)(nil)
+)
+
+// applyResources applies the resources file through the API's servers,
+// in process: nothing is served yet, so no client (and no /readyz) sees
+// the sidecar before the declared resources exist; no caller's access
+// control applies. Under group commit it waits for the sync, as the API
+// would before answering.
+func (s *sidecar) applyResources(ctx context.Context, f *resources.File, durable func(context.Context) error) error {
+	start := time.Now()
+	report, err := f.Apply(ctx, s.api, s.schemas)
+	for _, o := range report {
+		switch {
+		case o.Created:
+			s.log.Info("resource created", "name", o.Name)
+		case len(o.Updated) > 0:
+			s.log.Info("resource updated", "name", o.Name, "fields", strings.Join(o.Updated, ","))
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("--resources: %w", err)
+	}
+	if durable != nil {
+		if err := durable(ctx); err != nil {
+			return fmt.Errorf("--resources: applied, but not confirmed on stable storage: %w", err)
+		}
+	}
+	created, updated, unchanged := report.Counts()
+	s.log.Info("resources applied", "file", f.Path, "created", created, "updated", updated, "unchanged", unchanged,
+		"took", time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 // ready reports whether NATS and JetStream answer.
