@@ -48,7 +48,7 @@ type Config struct {
 	// TLSCert and TLSKey, when set, serve both APIs over TLS.
 	TLSCert, TLSKey string
 
-	// Access control (docs/SIDECAR.md, "Access control"): any of
+	// Access control (docs/OPERATING.md, "Access control"): any of
 	// TLSClientCA, AuthTokens and AuthJWKS turns it on.
 	TLSClientCA      string   // CA file verifying client certificates, which name principals
 	AuthTokens       string   // bearer tokens file (iam.Config.TokensFile)
