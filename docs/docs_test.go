@@ -78,7 +78,13 @@ var (
 	linkRE       = regexp.MustCompile(`\]\(([^)\s]+)(?:\s+"[^"]*")?\)`)
 	dateRE       = regexp.MustCompile(`\b20\d\d-\d\d-\d\d\b`)
 	linkTargetRE = regexp.MustCompile(`\]\([^)]*\)`)
+	// datedHeadingRE is how a heading of BENCHMARKS.md dates what is under it.
+	datedHeadingRE = regexp.MustCompile(`(?i)\b(figures|profile) of 20\d\d-\d\d-\d\d$`)
 )
+
+// undatedBenchmarkSections are the sections of BENCHMARKS.md that measure
+// nothing themselves: how to run the bench, and the summary of the others.
+var undatedBenchmarkSections = map[string]bool{"Running them": true, "Against the targets": true}
 
 // anchor is GitHub's anchor of a heading's text: lower case, spaces to
 // '-', every other character but letters, digits, '-' and '_' dropped.
@@ -196,8 +202,8 @@ func TestRelativeLinks(t *testing.T) {
 // EVIDENCE.md carries a date (YYYY-MM-DD), except:
 //   - in a link's target (an anchor of EVIDENCE.md may hold one);
 //   - as part of an RFC 3339 timestamp in an example (2026-11-25T16:00:11Z);
-//   - in a heading of BENCHMARKS.md, which dates the figures under it, so
-//     that each current figure says when it was measured.
+//   - in a heading of BENCHMARKS.md that ends "figures of DATE" or
+//     "profile of DATE", dating what is under it.
 func TestNoDatedRunsInReferencePages(t *testing.T) {
 	for _, p := range pages(t) {
 		base := filepath.Base(p.path)
@@ -205,12 +211,43 @@ func TestNoDatedRunsInReferencePages(t *testing.T) {
 			continue
 		}
 		for i, line := range p.lines {
-			if base == benchmarksPage && p.prose[i] && headingRE.MatchString(line) {
+			if base == benchmarksPage && p.prose[i] && headingRE.MatchString(line) && datedHeadingRE.MatchString(line) {
 				continue
 			}
 			if d := dateRE.FindString(linkTargetRE.ReplaceAllString(line, "]()")); d != "" {
 				t.Errorf("%s:%d: dated %s: a reference page says what holds; move the run to %s and link it", p.path, i+1, d, evidencePage)
 			}
 		}
+	}
+}
+
+// TestBenchmarkFiguresDated: each measurement of BENCHMARKS.md (a "## "
+// section) says when its figures were measured, in a heading under it.
+func TestBenchmarkFiguresDated(t *testing.T) {
+	p := readPage(t, benchmarksPage)
+	section, dated, sections := "", false, 0
+	check := func() {
+		if section != "" && !undatedBenchmarkSections[section] && !dated {
+			t.Errorf("%s: section %q has no heading that dates its figures (\"### Figures of YYYY-MM-DD\")", benchmarksPage, section)
+		}
+	}
+	for i, line := range p.lines {
+		m := headingRE.FindStringSubmatch(line)
+		if m == nil || !p.prose[i] {
+			continue
+		}
+		if len(m[1]) == 2 {
+			check()
+			section, dated = m[2], false
+			sections++
+			continue
+		}
+		if datedHeadingRE.MatchString(m[2]) {
+			dated = true
+		}
+	}
+	check()
+	if sections < 5 {
+		t.Errorf("%s: found %d sections", benchmarksPage, sections)
 	}
 }
