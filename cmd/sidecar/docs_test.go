@@ -52,10 +52,9 @@ func helpFlags(t *testing.T) map[string]helpFlag {
 // flagRow is a row of the flag reference: the flags of its first cell, and
 // its environment and default cells.
 type flagRow struct {
-	line       int
-	flags      []string
-	env, def   string
-	cellsCount int
+	line     int
+	flags    []string
+	env, def string
 }
 
 // flagReference reads the table of the "## Flags" section of RUNNING.md.
@@ -80,7 +79,7 @@ func flagReference(t *testing.T) []flagRow {
 		if len(cells) < 3 || strings.TrimSpace(cells[0]) == "flag" || strings.HasPrefix(strings.TrimSpace(cells[0]), "---") {
 			continue
 		}
-		r := flagRow{line: i + 1, env: strings.TrimSpace(cells[1]), def: strings.TrimSpace(cells[2]), cellsCount: len(cells)}
+		r := flagRow{line: i + 1, env: strings.TrimSpace(cells[1]), def: strings.TrimSpace(cells[2])}
 		for _, m := range flagRE.FindAllStringSubmatch(cells[0], -1) {
 			r.flags = append(r.flags, m[1])
 		}
