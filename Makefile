@@ -1,7 +1,7 @@
 # jetorder: ordering keys on NATS JetStream.
 GO ?= go
 
-.PHONY: run test browser emulator node-deps bench soak fuzz build
+.PHONY: run test browser emulator prometheus node-deps bench soak fuzz build
 
 ## run: start the sidecar with its embedded NATS server (data in ./data)
 run:
@@ -16,7 +16,7 @@ run:
 # (partitioned delivery: per-key delivery does not read key streams).
 DELIVERY_PKGS := ./integration ./integration/powercut ./integration/cluster
 KEY_STREAM_TESTS := TestKeyStreams|TestFault|TestExactlyOnce|TestParity|TestDIDComm|TestSidecarDIDComm|TestPipelined|TestPush|TestSidecarSeek|TestSeek|TestScaleOut|TestSidecarDeadLetter|TestClusterChaos
-test: browser emulator node-deps
+test: browser emulator prometheus node-deps
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
 	# -count=1: the test cache does not see the variables (read at package init)
@@ -30,6 +30,10 @@ browser:
 ## emulator: Google's Pub/Sub emulator for the parity tests; .ci/pubsub-emulator installs Debian's google-cloud-cli-pubsub-emulator when none is found (as root)
 emulator:
 	bash .ci/pubsub-emulator
+
+## prometheus: Prometheus and promtool for the tests of the alerting rules (deploy/prometheus, integration/alerting); .ci/prometheus installs Debian's prometheus when missing (as root), leaving its service stopped
+prometheus:
+	bash .ci/prometheus
 
 ## node-deps: Google's Node.js client for integration/access's Node test (npm ci in integration/access/node, again when its lock file changes)
 # Without npm the test is skipped, unless JETORDER_REQUIRE_NODE=1 (CI), where

@@ -238,6 +238,13 @@ func (m *partitionedMode) watchMembers(w jetstream.KeyWatcher) {
 			}
 			if e != nil {
 				m.memberUpdate(e)
+				if e.Operation() != jetstream.KeyValuePut && e.Key() == m.r.sub.memberPrefix()+m.rid() {
+					// Another receiver took this one for gone (it could
+					// not reach it: a partition, a node restarting) and
+					// deleted its record: written again at the next check,
+					// or the others would leave this receiver out for good.
+					m.unrecorded = true
+				}
 				m.follow(m.assignment())
 			}
 			continue
@@ -250,7 +257,7 @@ func (m *partitionedMode) watchMembers(w jetstream.KeyWatcher) {
 		}
 		// After a reconnect, another receiver may have taken this one
 		// for gone and deleted its record: write it again (and one join
-		// could not write).
+		// could not write, or that the watch saw deleted).
 		if n := m.r.c.nc.Stats().Reconnects; n != reconnects || m.unrecorded {
 			if _, err := m.owners.Put(ctx, m.r.sub.memberPrefix()+m.rid(), []byte(m.r.c.cfg.name)); err == nil {
 				reconnects, m.unrecorded = n, false

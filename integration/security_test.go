@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+	"golang.org/x/crypto/bcrypt"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -213,11 +214,19 @@ func TestSecurityAPITLS(t *testing.T) {
 	}
 }
 
-// The sidecar warns when an API listens beyond loopback without TLS and
-// when --nats-listen exposes the embedded server beyond loopback; on
-// loopback, or with TLS for the APIs, it does not.
+// The sidecar warns when an API listens beyond loopback without TLS, and
+// when --nats-listen exposes the embedded server beyond loopback without
+// authentication (--allow-unauthenticated) or without TLS; on loopback, or
+// with TLS, it does not.
 func TestSecurityExposureWarnings(t *testing.T) {
 	certs := testutil.NewCerts(t)
+	// A hash: with a plaintext password nats-server warns too ("Plaintext
+	// passwords detected").
+	hash, err := bcrypt.GenerateFromPassword([]byte("nats-listen-password-1"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	password := string(hash)
 	for _, tc := range []struct {
 		name string
 		cfg  sidecar.Config
@@ -225,10 +234,14 @@ func TestSecurityExposureWarnings(t *testing.T) {
 	}{
 		{"loopback", sidecar.Config{NATSListen: "127.0.0.1:0"}, nil},
 		{"all interfaces", sidecar.Config{GRPCAddr: ":0", HTTPAddr: "0.0.0.0:0", NATSListen: "0.0.0.0:0", AllowUnauthenticated: true},
-			[]string{"gRPC API", "HTTP API", "--nats-listen"}},
+			[]string{"gRPC API", "HTTP API", "--nats-listen exposes the embedded nats-server beyond loopback without authentication"}},
 		{"all interfaces with TLS", sidecar.Config{GRPCAddr: ":0", HTTPAddr: ":0", TLSCert: certs.ServerCert, TLSKey: certs.ServerKey, AllowUnauthenticated: true},
 			nil},
 		{"gRPC only", sidecar.Config{GRPCAddr: ":0", HTTPAddr: "off", AllowUnauthenticated: true}, []string{"gRPC API"}},
+		{"NATS with a password", sidecar.Config{NATSListen: "0.0.0.0:0", NATSListenUser: "ops", NATSListenPassword: password},
+			[]string{"(--nats-listen) listens beyond loopback without TLS"}},
+		{"NATS with a password and TLS", sidecar.Config{NATSListen: "0.0.0.0:0", NATSListenUser: "ops", NATSListenPassword: password,
+			NATSListenTLSCert: certs.ServerCert, NATSListenTLSKey: certs.ServerKey}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs recordedLogs
@@ -294,12 +307,12 @@ func roundTrip(t *testing.T, c *pubsub.Client, id string) {
 	}
 }
 
-// startFails runs the sidecar with cfg, expecting it not to start, and
-// returns the error it ended with. It must end within 10s: long before the
-// 30s the sidecar waits for a JetStream that is still starting.
-func startFails(t *testing.T, cfg sidecar.Config) error {
+// startFails runs the sidecar with cfg and opts, expecting it not to
+// start, and returns the error it ended with. It must end within 10s: long
+// before the 30s the sidecar waits for a JetStream that is still starting.
+func startFails(t *testing.T, cfg sidecar.Config, opts ...itest.Option) error {
 	t.Helper()
-	sc, err := itest.StartErr(t, cfg, itest.ReadyTimeout(10*time.Second))
+	sc, err := itest.StartErr(t, cfg, append(opts, itest.ReadyTimeout(10*time.Second))...)
 	switch {
 	case sc != nil:
 		t.Error("the sidecar started")

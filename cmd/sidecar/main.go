@@ -29,6 +29,7 @@ import (
 	"github.com/jetorder/jetorder/internal/embedded"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 	"github.com/jetorder/jetorder/internal/push"
+	"github.com/jetorder/jetorder/internal/resources"
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -77,11 +78,16 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	str(&audiences, "auth-jwt-audience", "", `audiences JWTs must name one of, comma-separated`)
 	str(&c.IAMPolicy, "iam-policy", "", `project-level IAM policy file, Google's Policy JSON ({"bindings":[{"role":"roles/pubsub.publisher","members":["user:…"]}]}); default: every authenticated caller is roles/pubsub.admin`)
 	str(&openEndpoints, "open-endpoints", "healthz,readyz", `HTTP endpoints served without access control, of healthz, readyz and metrics ("" none)`)
-	str(&allowUnauth, "allow-unauthenticated", "false", "serve without access control on addresses beyond loopback (the sidecar refuses to otherwise)")
+	str(&allowUnauth, "allow-unauthenticated", "false", "serve without access control on addresses beyond loopback, and --nats-listen there without authentication (the sidecar refuses to otherwise)")
 	str(&c.DataDir, "data-dir", "./data", "JetStream store of the embedded nats-server")
 	var syncPolicy string
 	str(&syncPolicy, "sync", string(embedded.SyncGroup), `when the embedded server's writes reach disk before callers hear of them: "group" (group commit: every publish result and every created resource waits for a shared fsync), "always" (the server fsyncs each write; slower) or "lazy" (JetStream's default, a background fsync every 2 minutes: fastest, but a power cut or OS crash loses acknowledged publishes, topics and subscriptions written since)`)
-	str(&c.NATSListen, "nats-listen", "", "also expose the embedded server's client port, e.g. 127.0.0.1:4222 (default: off)")
+	str(&c.NATSListen, "nats-listen", "", "also expose the embedded server's client port, e.g. 127.0.0.1:4222 (default: off; beyond loopback it needs --nats-listen-user or --nats-listen-tls-client-ca)")
+	str(&c.NATSListenUser, "nats-listen-user", "", "user name clients of --nats-listen must give (with --nats-listen-password)")
+	str(&c.NATSListenPassword, "nats-listen-password", "", "their password, at least 16 characters, or its bcrypt hash ($2a$...) (prefer JETORDER_NATS_LISTEN_PASSWORD)")
+	str(&c.NATSListenTLSCert, "nats-listen-tls-cert", "", "certificate file: serve --nats-listen over TLS")
+	str(&c.NATSListenTLSKey, "nats-listen-tls-key", "", "private key file for --nats-listen-tls-cert")
+	str(&c.NATSListenTLSClientCA, "nats-listen-tls-client-ca", "", "CA file: clients of --nats-listen must present a certificate it signed (needs --nats-listen-tls-cert)")
 	str(&c.NATSURL, "nats-url", "", "use this NATS server or cluster (comma-separated URLs) instead of the embedded one")
 	str(&c.NATSCreds, "nats-creds", "", "credentials (JWT) file for --nats-url")
 	str(&c.NATSNKey, "nats-nkey", "", "nkey seed file for --nats-url")
@@ -109,6 +115,7 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	str(&webhookOrigins, "webhook-allowed-origins", "*", `CloudEvents webhook validation: origins granted, comma-separated ("*" all, "*.example.com" its subdomains)`)
 	str(&webhookRate, "webhook-allowed-rate", "*", `CloudEvents webhook validation: requests per minute granted ("*" no limit; advisory, not enforced)`)
 	str(&c.PushAllow, "push-allow", push.DefaultAllow, `push endpoints subscriptions may name, comma-separated: "loopback", host names, *.domain, IPs, CIDR prefixes, each with an optional :port ("off" disables push)`)
+	str(&c.Resources, "resources", "", `file of topics, subscriptions and schemas to create or bring up to date before serving, YAML or JSON (docs/RUNNING.md, "Declared resources")`)
 	str(&pushMax, "push-max-outstanding", strconv.Itoa(pubsubapi.DefaultPushMaxOutstanding), "push requests in flight per subscription, for ordering keys and for unkeyed messages each")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -231,8 +238,12 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 		return c, errors.New("--nats-tls-cert and --nats-tls-key go together")
 	}
 	if c.NATSURL == "" && c.NATSCreds+c.NATSNKey+c.NATSUser+c.NATSPassword+c.NATSToken+c.NATSTLSCA+c.NATSTLSCert != "" {
-		// The embedded server has no authentication: credentials would be ignored.
-		return c, errors.New("the --nats-creds, --nats-nkey, --nats-user, --nats-password, --nats-token and --nats-tls-* flags apply to --nats-url")
+		// They are how the sidecar connects; the embedded server's client
+		// port has flags of its own.
+		return c, errors.New("the --nats-creds, --nats-nkey, --nats-user, --nats-password, --nats-token and --nats-tls-* flags apply to --nats-url (the clients of --nats-listen authenticate with --nats-listen-user, --nats-listen-password and --nats-listen-tls-*)")
+	}
+	if err := c.CheckNATSListen(); err != nil {
+		return c, err
 	}
 	return c, nil
 }
@@ -276,8 +287,9 @@ func main() {
 // run is the sidecar's command: it parses args, then prints the version,
 // or logs to stderr and serves until ctx ends. It returns the exit code: 0
 // after a shutdown ctx asked for (or -h, or --version), 1 when the sidecar
-// failed, 2 for a bad command line. global, if not nil, is given the
-// logger before the sidecar starts.
+// failed, 2 for a bad command line or a --resources file that is not
+// valid. global, if not nil, is given the logger before the sidecar
+// starts.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, global func(*slog.Logger)) int {
 	cfg, err := parseConfig(args, stdout)
 	switch {
@@ -290,6 +302,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, global fu
 		bi, _ := debug.ReadBuildInfo()
 		fmt.Fprint(stdout, version(bi, commit))
 		return 0
+	}
+	if cfg.Resources != "" {
+		// A file that is not valid is a configuration error, as a bad flag
+		// is: said plainly, each problem on its line, before anything starts.
+		// (Run reads it again, for its other callers.)
+		if _, err := resources.Load(cfg.Resources); err != nil {
+			fmt.Fprintf(stderr, "sidecar: --resources: %v\n", err)
+			return 2
+		}
 	}
 	log := newLogger(stderr, cfg.logFormat, cfg.logLevel)
 	if global != nil {

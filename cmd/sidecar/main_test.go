@@ -4,8 +4,11 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/bcrypt"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -22,6 +25,16 @@ func TestParseConfig(t *testing.T) {
 	cfg, err = parseConfig([]string{"--data-dir", "/from/flag", "--nats-listen", "127.0.0.1:4222", "--grpc-addr", ":9000"}, io.Discard)
 	if err != nil || cfg.DataDir != "/from/flag" || cfg.NATSListen != "127.0.0.1:4222" || cfg.GRPCAddr != ":9000" {
 		t.Fatalf("flags: %+v, %v", cfg, err)
+	}
+	if cfg.Resources != "" {
+		t.Errorf("resources by default: %q, want none", cfg.Resources)
+	}
+	t.Setenv("JETORDER_RESOURCES", "/etc/jetorder/resources.yaml")
+	if cfg, err = parseConfig(nil, io.Discard); err != nil || cfg.Resources != "/etc/jetorder/resources.yaml" {
+		t.Errorf("resources from env: %q, %v", cfg.Resources, err)
+	}
+	if cfg, err = parseConfig([]string{"--resources", "r.json"}, io.Discard); err != nil || cfg.Resources != "r.json" {
+		t.Errorf("resources from flag over env: %q, %v", cfg.Resources, err)
 	}
 	for _, bad := range [][]string{
 		{"--nats-url", "nats://x", "--nats-listen", "127.0.0.1:4222"},
@@ -139,5 +152,56 @@ func TestParseConfigAccess(t *testing.T) {
 	}
 	if !cfg.AllowUnauthenticated || !slices.Equal(cfg.AuthJWTAudiences, []string{"a", "b"}) || !slices.Equal(cfg.OpenEndpoints, []string{"/metrics", "/healthz"}) || cfg.IAMPolicy != "p.json" {
 		t.Errorf("parsed %+v", cfg.Config)
+	}
+}
+
+// The authentication of --nats-listen: user, password and TLS files by
+// flag or environment; combinations that cannot work are a bad command
+// line naming the flags.
+func TestParseConfigNATSListen(t *testing.T) {
+	const password = "a-password-of-24-chars!!"
+	t.Setenv("JETORDER_NATS_LISTEN_PASSWORD", password)
+	t.Setenv("JETORDER_NATS_LISTEN_TLS_CLIENT_CA", "ca.pem")
+	cfg, err := parseConfig([]string{"--nats-listen", "0.0.0.0:4222", "--nats-listen-user", "ops",
+		"--nats-listen-tls-cert", "c.pem", "--nats-listen-tls-key", "k.pem"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NATSListenUser != "ops" || cfg.NATSListenPassword != password || cfg.NATSListenTLSCert != "c.pem" ||
+		cfg.NATSListenTLSKey != "k.pem" || cfg.NATSListenTLSClientCA != "ca.pem" {
+		t.Errorf("parsed %+v", cfg.Config)
+	}
+
+	t.Setenv("JETORDER_NATS_LISTEN_PASSWORD", "")
+	t.Setenv("JETORDER_NATS_LISTEN_TLS_CLIENT_CA", "")
+	// A bcrypt hash of any password, whatever its length.
+	hash, err := bcrypt.GenerateFromPassword([]byte("short"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err = parseConfig([]string{"--nats-listen", ":4222", "--nats-listen-user", "ops", "--nats-listen-password", string(hash)}, io.Discard)
+	if err != nil || cfg.NATSListenPassword != string(hash) {
+		t.Errorf("a bcrypt hash: %q, %v", cfg.NATSListenPassword, err)
+	}
+
+	listen := []string{"--nats-listen", "0.0.0.0:4222"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nats-listen-user", "ops", "--nats-listen-password", password}, "apply to --nats-listen"},
+		{[]string{"--nats-url", "nats://x", "--nats-listen-tls-client-ca", "ca.pem"}, "apply to --nats-listen"},
+		{append(listen, "--nats-listen-user", "ops"), "--nats-listen-user and --nats-listen-password go together"},
+		{append(listen, "--nats-listen-password", password), "--nats-listen-user and --nats-listen-password go together"},
+		{append(listen, "--nats-listen-user", "ops", "--nats-listen-password", "short"), "shorter than 16"},
+		{append(listen, "--nats-listen-user", "ops", "--nats-listen-password", "$2a$10$not-a-hash"), "not one"},
+		{append(listen, "--nats-listen-tls-cert", "c.pem"), "--nats-listen-tls-cert and --nats-listen-tls-key go together"},
+		{append(listen, "--nats-listen-tls-client-ca", "ca.pem"), "--nats-listen-tls-client-ca needs --nats-listen-tls-cert"},
+		{append(listen, "--nats-user", "ops", "--nats-password", password), "--nats-listen-user"}, // the flags of --nats-url
+	} {
+		_, err := parseConfig(tc.args, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseConfig(%q) = %v, want an error naming %q", tc.args, err, tc.want)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -114,6 +115,41 @@ func TestRunBadFlag(t *testing.T) {
 			}
 			if strings.Contains(stderr.String(), "Usage") || stdout.Len() != 0 {
 				t.Errorf("stdout %q, stderr %q: want the error and a hint, not the usage", stdout.String(), stderr.String())
+			}
+		})
+	}
+}
+
+// A --resources file that is not valid is reported on stderr, each
+// problem with its line, and the sidecar exits 2 before it starts
+// anything (no data dir is made); a missing file likewise.
+func TestRunBadResources(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "resources.yaml")
+	if err := os.WriteFile(file, []byte("projects:\n  p:\n    subscriptions:\n      orders:\n        ackDeadline: 10\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, file string
+		want       []string
+	}{
+		{"invalid", file, []string{file + `:4: subscription "orders": missing field "topic"`, file + `:5: subscription "orders": unknown field "ackDeadline"`}},
+		{"missing", filepath.Join(dir, "none.yaml"), []string{"no such file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			data := filepath.Join(dir, "data-"+tc.name)
+			code := run(context.Background(), []string{"--resources", tc.file, "--data-dir", data}, &stdout, &stderr, nil)
+			if code != 2 {
+				t.Errorf("exit code %d, want 2", code)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr.String(), w) {
+					t.Errorf("stderr:\n%s\nwant %q", stderr.String(), w)
+				}
+			}
+			if _, err := os.Stat(data); !os.IsNotExist(err) {
+				t.Errorf("data dir: %v, want none made", err)
 			}
 		})
 	}

@@ -110,14 +110,15 @@ func (s *Sidecar) tlsCreds() grpc.DialOption {
 }
 
 // JetStream is a JetStream context on the sidecar's embedded server, for
-// looking at what it stored; the sidecar needs cfg.NATSListen. Its
-// connection closes when the test ends.
-func (s *Sidecar) JetStream() jetstream.JetStream {
+// looking at what it stored; the sidecar needs cfg.NATSListen, and opts
+// the credentials its cfg.NATSListen* require. Its connection closes when
+// the test ends.
+func (s *Sidecar) JetStream(opts ...nats.Option) jetstream.JetStream {
 	s.t.Helper()
 	if s.NATS == "" {
 		s.t.Fatal("itest: JetStream needs a sidecar with NATSListen")
 	}
-	nc, err := nats.Connect(s.NATS)
+	nc, err := nats.Connect(s.NATS, opts...)
 	if err != nil {
 		s.t.Fatal(err)
 	}

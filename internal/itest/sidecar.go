@@ -201,6 +201,9 @@ func (s *Sidecar) startBinary() error {
 		s.GRPC, s.HTTP, s.ReadyAt = m[1], m[2], time.Now()
 		if s.cfg.NATSListen != "" {
 			s.NATS = "nats://" + s.cfg.NATSListen
+			if s.cfg.NATSListenTLSCert != "" {
+				s.NATS = "tls://" + s.cfg.NATSListen
+			}
 		}
 		return nil
 	case <-s.proc.Exited():
@@ -251,6 +254,11 @@ func flags(cfg sidecar.Config) []string {
 	str("data-dir", cfg.DataDir)
 	str("sync", string(cfg.Sync))
 	str("nats-listen", cfg.NATSListen)
+	str("nats-listen-user", cfg.NATSListenUser)
+	str("nats-listen-password", cfg.NATSListenPassword)
+	str("nats-listen-tls-cert", cfg.NATSListenTLSCert)
+	str("nats-listen-tls-key", cfg.NATSListenTLSKey)
+	str("nats-listen-tls-client-ca", cfg.NATSListenTLSClientCA)
 	str("nats-url", cfg.NATSURL)
 	str("nats-creds", cfg.NATSCreds)
 	str("nats-nkey", cfg.NATSNKey)
@@ -275,6 +283,7 @@ func flags(cfg sidecar.Config) []string {
 	if cfg.ShutdownTimeout != 0 {
 		str("shutdown-timeout", cfg.ShutdownTimeout.String())
 	}
+	str("resources", cfg.Resources)
 	return args
 }
 

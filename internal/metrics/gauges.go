@@ -21,7 +21,7 @@ type gauges struct {
 	get func() *status.Status
 
 	backlog, oldest, keys, paused, maxAttempt, outstanding, streams *prometheus.Desc
-	owned, buffered, full, openGaps                                 *prometheus.Desc
+	owned, unowned, buffered, full, openGaps                        *prometheus.Desc
 	topicMessages, topicBytes                                       *prometheus.Desc
 	consumers, natsConnected, jetStreamUp                           *prometheus.Desc
 }
@@ -44,6 +44,7 @@ func (r *Registry) RegisterStatus(get func() *status.Status) error {
 		outstanding: desc("jetorder_outstanding_messages", "Messages handed to subscribers and not yet settled.", sub),
 		streams:     desc("jetorder_streaming_pull_streams", "Open StreamingPull streams, by the subscription they attached to (\"\": none yet).", sub),
 		owned:       desc("jetorder_partitions_owned", "Partitions of the partitioned subscription this sidecar owns.", sub),
+		unowned:     desc("jetorder_partitions_unowned", "Partitions of the partitioned subscription holding messages that no receiver owns (JetStream has pinned none to them): nobody delivers them. The same on every sidecar (read from JetStream).", sub),
 		buffered:    desc("jetorder_partition_buffered_messages", "Unacked messages owned partitions hold: with a client, or waiting behind an earlier message of their key.", sub),
 		full:        desc("jetorder_partitions_full", "Owned partitions whose buffer is full: nothing more of them is delivered, for any key, until a message is acked (a key that never acks ends there).", sub),
 		openGaps:    desc("jetorder_didcomm_open_gaps", "DIDComm sender orders missing in the threads this sidecar's tracker holds, per tracked subscription being received.", sub),
@@ -58,7 +59,7 @@ func (r *Registry) RegisterStatus(get func() *status.Status) error {
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{g.backlog, g.oldest, g.keys, g.paused, g.maxAttempt, g.outstanding, g.streams,
-		g.owned, g.buffered, g.full, g.openGaps, g.topicMessages, g.topicBytes, g.consumers, g.natsConnected, g.jetStreamUp} {
+		g.owned, g.unowned, g.buffered, g.full, g.openGaps, g.topicMessages, g.topicBytes, g.consumers, g.natsConnected, g.jetStreamUp} {
 		ch <- d
 	}
 }
@@ -86,6 +87,9 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 		if fresh && s.JetStreamRead {
 			gauge(g.backlog, float64(s.Backlog), s.Name)
 			gauge(g.oldest, s.OldestUnackedAgeSeconds, s.Name)
+			if s.Delivery == "partitioned" {
+				gauge(g.unowned, float64(s.UnownedPartitions()), s.Name)
+			}
 		}
 		gauge(g.keys, float64(s.KeysInFlight), s.Name)
 		gauge(g.paused, float64(s.PausedKeys), s.Name)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
+	"github.com/jetorder/jetorder/keyrouter"
 )
 
 const project = "observed"
@@ -278,6 +279,69 @@ func TestMetricsUnderLoad(t *testing.T) {
 	}
 }
 
+// jetorder_partitions_unowned counts the partitions of a partitioned
+// subscription that hold messages and that no receiver owns: every one
+// with messages while nobody receives, none once a receiver holds them
+// (unacked), with the backlog unchanged.
+func TestPartitionsUnowned(t *testing.T) {
+	at := startSidecar(t)
+	c := goClient(t, at.GRPC)
+	createTopic(t, c, "unowned")
+	createSub(t, c, &pb.Subscription{Name: subPath("unowned-sub"), Topic: topicPath("unowned"), EnableMessageOrdering: true, AckDeadlineSeconds: 60})
+	url := "http://" + at.HTTP + "/metrics"
+	sub := []string{"subscription", subPath("unowned-sub")}
+
+	p := c.Publisher("unowned")
+	p.EnableMessageOrdering = true
+	t.Cleanup(p.Stop)
+	const n, keys, partitions = 10, 5, 8 // the default partition count
+	publish(t, p, 0, n, keys)
+	holding := map[int]bool{}
+	for k := range keys {
+		holding[keyrouter.Slot(fmt.Sprintf("k%d", k))%partitions] = true
+	}
+
+	var m testutil.Metrics
+	poll := func(what string, cond func(unowned, owned, backlog float64) bool) {
+		t.Helper()
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			m = testutil.Scrape(t, url)
+			unowned, ok1 := m.Value("jetorder_partitions_unowned", sub...)
+			owned, ok2 := m.Value("jetorder_partitions_owned", sub...)
+			backlog, ok3 := m.Value("jetorder_backlog_messages", sub...)
+			return ok1 && ok2 && ok3 && cond(unowned, owned, backlog)
+		}, "%s; last scrape: %v", what, func() string { return describe(m) })
+	}
+	poll(fmt.Sprintf("nobody receives: the %d partitions with messages unowned", len(holding)), func(unowned, owned, backlog float64) bool {
+		return unowned == float64(len(holding)) && owned == 0 && backlog == n
+	})
+
+	// A receiver that holds each message it is handed, unacked.
+	release := make(chan struct{})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	defer releaseOnce()
+	rctx, stopReceive := context.WithCancel(context.Background())
+	received := make(chan error, 1)
+	go func() {
+		received <- c.Subscriber("unowned-sub").Receive(rctx, func(_ context.Context, msg *pubsub.Message) {
+			<-release
+			msg.Ack()
+		})
+	}()
+	defer func() {
+		releaseOnce()
+		stopReceive()
+		if err := <-received; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("Receive: %v", err)
+		}
+	}()
+	poll("a receiver holds the messages: it owns the partitions with messages, none is unowned", func(unowned, owned, backlog float64) bool {
+		return unowned == 0 && owned == float64(len(holding)) && backlog == n
+	})
+	releaseOnce()
+	poll("every message acked", func(unowned, _, backlog float64) bool { return unowned == 0 && backlog == 0 })
+}
+
 // families are the metric families /metrics must have, with their types
 // and labels (buckets' le aside).
 var families = map[string]struct {
@@ -304,6 +368,7 @@ var families = map[string]struct {
 	"jetorder_max_delivery_attempt":         {dto.MetricType_GAUGE, []string{"subscription"}},
 	"jetorder_outstanding_messages":         {dto.MetricType_GAUGE, []string{"subscription"}},
 	"jetorder_partitions_owned":             {dto.MetricType_GAUGE, []string{"subscription"}},
+	"jetorder_partitions_unowned":           {dto.MetricType_GAUGE, []string{"subscription"}},
 	"jetorder_partition_buffered_messages":  {dto.MetricType_GAUGE, []string{"subscription"}},
 	"jetorder_partitions_full":              {dto.MetricType_GAUGE, []string{"subscription"}},
 	"jetorder_streaming_pull_streams":       {dto.MetricType_GAUGE, []string{"subscription"}},

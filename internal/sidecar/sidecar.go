@@ -37,6 +37,7 @@ import (
 	"github.com/jetorder/jetorder/internal/metrics"
 	"github.com/jetorder/jetorder/internal/pubsubapi"
 	"github.com/jetorder/jetorder/internal/push"
+	"github.com/jetorder/jetorder/internal/resources"
 	"github.com/jetorder/jetorder/internal/schemaapi"
 )
 
@@ -57,7 +58,8 @@ type Config struct {
 	AuthJWTAudiences []string // JWTs must name one
 	IAMPolicy        string   // project-level policy file; "" every authenticated caller is admin
 	// AllowUnauthenticated lets the APIs listen beyond loopback without
-	// access control; otherwise Run refuses to start.
+	// access control, and the embedded server's client port (NATSListen)
+	// without authentication; otherwise Run refuses to start.
 	AllowUnauthenticated bool
 	// OpenEndpoints are HTTP paths served without access control, of
 	// /healthz, /readyz and /metrics.
@@ -69,7 +71,16 @@ type Config struct {
 	// SyncAlways or SyncLazy (docs/RELIABILITY.md, "Power cuts").
 	Sync       embedded.SyncPolicy
 	NATSListen string // also expose the embedded server's client port
-	NATSURL    string // use this NATS server or cluster instead
+	// Authentication and TLS of that port (docs/OPERATING.md, "The
+	// embedded server's client port"): a user and password (or the password's bcrypt hash),
+	// client certificates verified against NATSListenTLSClientCA, or both;
+	// either turns authentication on. Beyond loopback Run refuses a port
+	// without it, unless AllowUnauthenticated. The sidecar's own
+	// connection is in-process and needs none of them.
+	NATSListenUser, NATSListenPassword                         string
+	NATSListenTLSCert, NATSListenTLSKey, NATSListenTLSClientCA string // files
+
+	NATSURL string // use this NATS server or cluster instead
 
 	// Credentials and TLS for NATSURL.
 	NATSCreds, NATSNKey                string // files
@@ -121,6 +132,11 @@ type Config struct {
 	// test moves on by a day instead of waiting one.
 	ExpirationCheck time.Duration
 	ExpirationClock func() time.Time
+
+	// Resources is a file of topics, subscriptions and schemas
+	// (internal/resources) that Run creates or brings up to date before
+	// it serves; "" none.
+	Resources string
 }
 
 // Listening is where a started sidecar serves.
@@ -132,7 +148,8 @@ type Listening struct {
 // ShutdownTimeout of ctx's end, clients settle what they hold, the rest is
 // handed back, the APIs stop, publishes are flushed and NATS and the
 // embedded server close. ready, if not nil, is called once everything
-// listens. Run returns nil after a shutdown that ctx asked for, or the
+// listens, after the resources file (Config.Resources), if any, is
+// applied: nothing is served before. Run returns nil after a shutdown that ctx asked for, or the
 // error that ended it (a server that failed, or a setup that could not
 // start).
 func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Listening)) error {
@@ -197,6 +214,18 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 		}
 		if pushAllow, err = push.ParseAllowList(allow); err != nil {
 			return nil, err
+		}
+	}
+	if err := cfg.CheckNATSListen(); err != nil {
+		return nil, err
+	}
+	if err := checkNATSExposure(ctx, cfg); err != nil {
+		return nil, err
+	}
+	var declared *resources.File
+	if cfg.Resources != "" { // read first: a file that is not valid starts nothing
+		if declared, err = resources.Load(cfg.Resources); err != nil {
+			return nil, fmt.Errorf("--resources: %w", err)
 		}
 	}
 	s := &sidecar{cfg: cfg, log: log}
@@ -380,8 +409,53 @@ func setup(ctx context.Context, cfg Config, log *slog.Logger) (*sidecar, error) 
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
 	}
+	if declared != nil {
+		if err := s.applyResources(ctx, declared, durable); err != nil {
+			s.api.Close()
+			if ctx.Err() != nil {
+				return nil, nil
+			}
+			return nil, err
+		}
+	}
 	built = true
 	return s, nil
+}
+
+// The servers Apply goes through.
+var (
+	_ resources.PubSub  = (*pubsubapi.Server)(nil)
+	_ resources.Schemas = (*schemaapi.Server)(nil)
+)
+
+// applyResources applies the resources file through the API's servers,
+// in process: nothing is served yet, so no client (and no /readyz) sees
+// the sidecar before the declared resources exist; no caller's access
+// control applies. Under group commit it waits for the sync, as the API
+// would before answering.
+func (s *sidecar) applyResources(ctx context.Context, f *resources.File, durable func(context.Context) error) error {
+	start := time.Now()
+	report, err := f.Apply(ctx, s.api, s.schemas)
+	for _, o := range report {
+		switch {
+		case o.Created:
+			s.log.Info("resource created", "name", o.Name)
+		case len(o.Updated) > 0:
+			s.log.Info("resource updated", "name", o.Name, "fields", strings.Join(o.Updated, ","))
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("--resources: %w", err)
+	}
+	if durable != nil {
+		if err := durable(ctx); err != nil {
+			return fmt.Errorf("--resources: applied, but not confirmed on stable storage: %w", err)
+		}
+	}
+	created, updated, unchanged := report.Counts()
+	s.log.Info("resources applied", "file", f.Path, "created", created, "updated", updated, "unchanged", unchanged,
+		"took", time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 // ready reports whether NATS and JetStream answer.
@@ -417,13 +491,18 @@ func (s *sidecar) serve(ctx context.Context, ready func(Listening)) error {
 
 	attrs := []any{"grpc", s.where.GRPC, "http", orOff(s.where.HTTP), "tls", s.tls, "name", s.cfg.Name}
 	if s.srv != nil {
-		attrs = append(attrs, "nats", "embedded", "data_dir", s.cfg.DataDir, "nats_listen", orOff(s.where.NATS), "sync", s.srv.SyncPolicy())
+		attrs = append(attrs, "nats", "embedded", "data_dir", s.cfg.DataDir, "nats_listen", orOff(s.where.NATS))
+		if s.where.NATS != "" {
+			attrs = append(attrs, "nats_listen_auth", describeNATSListenAuth(s.cfg))
+		}
+		attrs = append(attrs, "sync", s.srv.SyncPolicy())
 	} else {
 		attrs = append(attrs, "nats", redactURLs(s.nc.ConnectedUrl()))
 	}
 	s.log.Info("jetorder sidecar listening", attrs...)
-	// The APIs have no authentication of their own, and the embedded
-	// server none at all: say so when others can reach them.
+	// Credentials travel in the clear without TLS, and without access
+	// control anyone may do anything: say so when others can reach the
+	// ports.
 	if !s.tls && beyondLoopback(s.gl.Addr()) {
 		s.log.Warn("the gRPC API listens beyond loopback without TLS", "grpc", s.where.GRPC)
 	}
@@ -431,7 +510,12 @@ func (s *sidecar) serve(ctx context.Context, ready func(Listening)) error {
 		s.log.Warn("the HTTP API listens beyond loopback without TLS", "http", s.where.HTTP)
 	}
 	if s.srv != nil && s.where.NATS != "" && beyondLoopback(s.srv.Addr()) {
-		s.log.Warn("--nats-listen exposes the embedded nats-server, which has no authentication, beyond loopback", "nats_listen", s.where.NATS)
+		switch {
+		case !s.cfg.natsListenAuth(): // --allow-unauthenticated
+			s.log.Warn("--nats-listen exposes the embedded nats-server beyond loopback without authentication", "nats_listen", s.where.NATS)
+		case s.cfg.NATSListenTLSCert == "":
+			s.log.Warn("the embedded nats-server's client port (--nats-listen) listens beyond loopback without TLS", "nats_listen", s.where.NATS)
+		}
 	}
 	if ready != nil {
 		ready(s.where)
@@ -611,7 +695,11 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 		}),
 	}
 	if cfg.NATSURL == "" {
-		ecfg := embedded.Config{StoreDir: cfg.DataDir, NoListen: cfg.NATSListen == "", Logger: log, Sync: cfg.Sync}
+		configure, own, err := natsListenSecurity(cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		ecfg := embedded.Config{StoreDir: cfg.DataDir, NoListen: cfg.NATSListen == "", Logger: log, Sync: cfg.Sync, Configure: configure}
 		if cfg.NATSListen != "" {
 			host, port, err := net.SplitHostPort(cfg.NATSListen)
 			if err != nil {
@@ -634,7 +722,7 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 		case err != nil:
 			return nil, nil, err
 		}
-		nc, err := nats.Connect("", append(opts, nats.InProcessServer(srv))...)
+		nc, err := nats.Connect("", append(append(opts, own...), nats.InProcessServer(srv))...)
 		if err != nil {
 			srv.Shutdown()
 			return nil, nil, fmt.Errorf("connect to the embedded server: %w", err)

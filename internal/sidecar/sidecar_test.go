@@ -52,6 +52,15 @@ func TestStartupFailures(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	invalid, refused := filepath.Join(t.TempDir(), "invalid.yaml"), filepath.Join(t.TempDir(), "refused.yaml")
+	for f, content := range map[string]string{
+		invalid: "projects: {p: {topics: {orders: {retention: 1h}}}}\n",
+		refused: "projects:\n  p:\n    topics: {orders: {}}\n    subscriptions:\n      orders-sub: {topic: orders, ackDeadlineSeconds: 900}\n",
+	} {
+		if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	shared := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan error, 1)
@@ -79,6 +88,9 @@ func TestStartupFailures(t *testing.T) {
 		{"NATS port taken", Config{DataDir: t.TempDir(), NATSListen: taken.Addr().String()}, []string{"--nats-listen", "address already in use"}},
 		{"data dir is a file", Config{DataDir: file}, []string{"--data-dir", "is not a directory"}},
 		{"second sidecar on a data dir", Config{DataDir: shared}, []string{"--data-dir", "held by pid " + strconv.Itoa(os.Getpid())}},
+		{"resources file not valid", Config{DataDir: t.TempDir(), Resources: invalid}, []string{"--resources", invalid + `:1: topic "orders": unknown field "retention"`}},
+		{"resources the API refuses", Config{DataDir: t.TempDir(), Resources: refused},
+			[]string{"--resources", refused + `:5: subscription "orders-sub": create: subscription projects/p/subscriptions/orders-sub: ack_deadline_seconds 900 not in 0..600 (InvalidArgument)`}},
 	}
 	if os.Geteuid() != 0 { // root writes anywhere
 		readOnly := t.TempDir()

@@ -186,6 +186,23 @@ type Partition struct {
 	Unacked     uint64     `json:"unacked"` // delivered, not yet acked
 }
 
+// UnownedPartitions counts the partitions holding messages (pending or
+// unacked) to which JetStream has pinned no receiver: nobody delivers
+// them. The server pins a partition on its first delivery to a receiver
+// that pulls it, so one that holds nothing has no pin and is not counted,
+// and one that has messages and no pin for more than a moment has no
+// receiver pulling it. It counts what JetStream says, whatever this
+// sidecar's receivers believe they own.
+func (s *Subscription) UnownedPartitions() int {
+	n := 0
+	for _, p := range s.Partitions {
+		if p.PinID == "" && p.Pending+p.Unacked > 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // PausedKey is a key stuck on redeliveries.
 type PausedKey struct {
 	Key             string  `json:"key"`

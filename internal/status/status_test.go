@@ -43,3 +43,27 @@ func TestPage(t *testing.T) {
 		}
 	}
 }
+
+// A partition counts as unowned when it holds messages, pending or
+// unacked, and JetStream has pinned no receiver to it.
+func TestUnownedPartitions(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		partitions []Partition
+		want       int
+	}{
+		{"none", nil, 0},
+		{"empty, no pin", []Partition{{Index: 0}, {Index: 1}}, 0},
+		{"pending, no pin", []Partition{{Index: 0, Pending: 3}, {Index: 1}}, 1},
+		{"unacked, no pin", []Partition{{Index: 0, Unacked: 1}, {Index: 1, Pending: 1, Unacked: 1}}, 2},
+		{"pinned", []Partition{{Index: 0, Pending: 3, PinID: "a", Owner: "other"}, {Index: 1, Unacked: 2, PinID: "b", Owner: "this sidecar"}}, 0},
+		{"owned here by this sidecar's view, no pin", []Partition{{Index: 0, Pending: 1, Owner: "this sidecar"}}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := Subscription{Partitions: tc.partitions}
+			if got := s.UnownedPartitions(); got != tc.want {
+				t.Errorf("UnownedPartitions() = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
