@@ -8,7 +8,7 @@
 #     --auth-tokens /auth/tokens --iam-policy /auth/policy.json
 #
 # Both APIs listen on every interface of the container, so the sidecar
-# needs access control to start (docs/SIDECAR.md, "Access control"): tokens,
+# needs access control to start (docs/OPERATING.md, "Access control"): tokens,
 # client certificates or JWTs, best over TLS. For a local trial without it,
 # pass --allow-unauthenticated (JETORDER_ALLOW_UNAUTHENTICATED=true) and
 # publish the ports to loopback only (-p 127.0.0.1:8085:8085). Flags go

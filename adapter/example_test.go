@@ -12,7 +12,7 @@ import (
 	"github.com/jetorder/jetorder/internal/embedded"
 )
 
-// The README's library example, run against an embedded server.
+// The library example of docs/LIBRARY.md, run against an embedded server.
 func Example() {
 	dir, _ := os.MkdirTemp("", "jetorder-example-")
 	defer os.RemoveAll(dir)

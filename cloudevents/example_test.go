@@ -10,8 +10,9 @@ import (
 	ce "github.com/jetorder/jetorder/cloudevents"
 )
 
-// The README's example; it compiles with the package but needs a server to
-// run (integration/cloudevents_test.go runs the same calls).
+// The example of docs/LIBRARY.md, "CloudEvents"; it compiles with the
+// package but needs a server to run (integration/cloudevents_test.go runs
+// the same calls).
 func Example() {
 	var (
 		ctx   = context.Background()

@@ -43,7 +43,8 @@ import (
 // Sizes: JETORDER_CHAOS_KEYS (default 100), JETORDER_CHAOS_PER_KEY (30)
 // and JETORDER_CHAOS_KILLS (10). With JETORDER_CHAOS_LOGDIR=DIR it writes
 // what a failure needs to be understood into DIR (chaosDiag).
-// docs/RELIABILITY.md has the figures.
+// docs/RELIABILITY.md, "How long a crash stalls delivery", has the figures
+// (docs/EVIDENCE.md the runs).
 func TestFaultChaosKills(t *testing.T) { chaosKills(t, false) }
 
 // TestFaultChaosKillsPipelined is TestFaultChaosKills with pipelined
@@ -249,7 +250,7 @@ func chaosKills(t *testing.T, pipelined bool) {
 	// and is not the sidecar's to shorten. Per-key delivery's take-over
 	// waits for the lease's sweep, which under CI load has reached 8.5 s
 	// once, so it is only reported. (The figures, not this bound, are
-	// what docs/RELIABILITY.md reports.) The bound stays under the ack
+	// what docs/RELIABILITY.md and docs/EVIDENCE.md report.) The bound stays under the ack
 	// deadline; it was 8 s until CI ran the integration packages side by
 	// side, where a NATS kill's share reached 8.8 s.
 	for i, r := range out {

@@ -17,8 +17,8 @@ import (
 const (
 	rulesFile = "jetorder-rules.yml"
 	testsFile = "jetorder-rules.test.yml"
-	docsFile  = "../../docs/SIDECAR.md"
-	docsURL   = "https://github.com/jetorder/jetorder/blob/main/docs/SIDECAR.md#"
+	docsFile  = "../../docs/OPERATING.md"
+	docsURL   = "https://github.com/jetorder/jetorder/blob/main/docs/OPERATING.md#"
 )
 
 // promtool accepts the rules and their unit tests pass. Without promtool

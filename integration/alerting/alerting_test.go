@@ -84,7 +84,7 @@ func TestKeyStuckAlert(t *testing.T) {
 	if a.Labels["severity"] != "critical" || a.Labels["job"] != "jetorder" {
 		t.Errorf("JetOrderKeyStuck labels %v, want severity critical and job jetorder", a.Labels)
 	}
-	if !strings.HasPrefix(a.Annotations["summary"], sub+": a message unacked for ") || !strings.HasSuffix(a.Annotations["runbook_url"], "docs/SIDECAR.md#jetorderkeystuck") {
+	if !strings.HasPrefix(a.Annotations["summary"], sub+": a message unacked for ") || !strings.HasSuffix(a.Annotations["runbook_url"], "docs/OPERATING.md#jetorderkeystuck") {
 		t.Errorf("JetOrderKeyStuck annotations %v", a.Annotations)
 	}
 	for _, other := range alerts {

@@ -1111,7 +1111,7 @@ func (r *clusterChaosRun) finish(within time.Duration) {
 //
 // make test runs one round of each fault, in each delivery mode;
 // JETORDER_CLUSTER_CHAOS_ROUNDS
-// runs more (the long run of docs/RELIABILITY.md), and
+// runs more (the long runs of docs/EVIDENCE.md, "A cluster under faults"), and
 // JETORDER_CLUSTER_CHAOS_FAULTS picks kinds by a word of their names
 // ("killed,partitioned"). JETORDER_CLUSTER_CHAOS_LOGS=DIR keeps the
 // sidecars' and nodes' logs.

@@ -46,7 +46,7 @@ import (
 // acknowledged messages: otherwise the harness proves nothing.
 //
 // JETORDER_POWERCUT_CUTS sets the number of cuts (default 3; the long run
-// in docs/RELIABILITY.md uses 20).
+// in docs/EVIDENCE.md, "Power cuts: 20 cuts", uses 20).
 func TestPowerCutDefaultLosesNothing(t *testing.T) {
 	cuts := 3
 	if n, err := strconv.Atoi(os.Getenv("JETORDER_POWERCUT_CUTS")); err == nil && n > 0 {

@@ -93,7 +93,7 @@ func TestRollingUpgrade(t *testing.T) {
 // s, but for a release whose per-key receivers may take 10 s to stop
 // (itest.Release.SlowPerKeyStop): its shutdown would overrun the default
 // and cut publishes in flight, which the client retries on the
-// replacement, storing them twice (docs/RELIABILITY.md, Rolling upgrades).
+// replacement, storing them twice (docs/EVIDENCE.md, "Rolling upgrades: the long run").
 func rollingOldStop(r itest.Release, delivery string) time.Duration {
 	if r.SlowPerKeyStop && delivery == string(adapter.DeliveryPerKey) {
 		return 15 * time.Second

@@ -18,7 +18,7 @@
 // Load and Parse check the file's shape and report each problem with its
 // line (ErrInvalid); the values themselves are checked by the API when
 // Apply creates or updates a resource, exactly as a client's request is.
-// docs/SIDECAR.md ("Declared resources") is the reference of the format
+// docs/RUNNING.md ("Declared resources") is the reference of the format
 // and of what Apply does.
 package resources
 

@@ -30,7 +30,7 @@ func (s *sidecar) checkExposure() error {
 		return nil
 	}
 	exposed := func(flag string, addr net.Addr) error {
-		return fmt.Errorf("%s %s listens beyond loopback without access control: configure --auth-tokens, --tls-client-ca or --auth-jwks (docs/SIDECAR.md, \"Access control\"), or pass --allow-unauthenticated to serve anyone who reaches it", flag, addr)
+		return fmt.Errorf("%s %s listens beyond loopback without access control: configure --auth-tokens, --tls-client-ca or --auth-jwks (docs/OPERATING.md, \"Access control\"), or pass --allow-unauthenticated to serve anyone who reaches it", flag, addr)
 	}
 	if beyondLoopback(s.gl.Addr()) {
 		return exposed("--grpc-addr", s.gl.Addr())

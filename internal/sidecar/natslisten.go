@@ -77,7 +77,7 @@ func checkNATSExposure(ctx context.Context, cfg Config) error {
 	if loopbackHost(ctx, host) {
 		return nil
 	}
-	return fmt.Errorf("--nats-listen %s listens beyond loopback without authentication: configure --nats-listen-user and --nats-listen-password, or --nats-listen-tls-client-ca (docs/SIDECAR.md, \"Access control\"), or pass --allow-unauthenticated to let anyone who reaches it read and change every stream", cfg.NATSListen)
+	return fmt.Errorf("--nats-listen %s listens beyond loopback without authentication: configure --nats-listen-user and --nats-listen-password, or --nats-listen-tls-client-ca (docs/OPERATING.md, \"The embedded server's client port\"), or pass --allow-unauthenticated to let anyone who reaches it read and change every stream", cfg.NATSListen)
 }
 
 // loopbackHost tells whether a listener on host is reachable from this

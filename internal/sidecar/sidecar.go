@@ -49,7 +49,7 @@ type Config struct {
 	// TLSCert and TLSKey, when set, serve both APIs over TLS.
 	TLSCert, TLSKey string
 
-	// Access control (docs/SIDECAR.md, "Access control"): any of
+	// Access control (docs/OPERATING.md, "Access control"): any of
 	// TLSClientCA, AuthTokens and AuthJWKS turns it on.
 	TLSClientCA      string   // CA file verifying client certificates, which name principals
 	AuthTokens       string   // bearer tokens file (iam.Config.TokensFile)
@@ -71,8 +71,8 @@ type Config struct {
 	// SyncAlways or SyncLazy (docs/RELIABILITY.md, "Power cuts").
 	Sync       embedded.SyncPolicy
 	NATSListen string // also expose the embedded server's client port
-	// Authentication and TLS of that port (docs/SIDECAR.md, "Access
-	// control"): a user and password (or the password's bcrypt hash),
+	// Authentication and TLS of that port (docs/OPERATING.md, "The
+	// embedded server's client port"): a user and password (or the password's bcrypt hash),
 	// client certificates verified against NATSListenTLSClientCA, or both;
 	// either turns authentication on. Beyond loopback Run refuses a port
 	// without it, unless AllowUnauthenticated. The sidecar's own
