@@ -579,29 +579,9 @@ func (r *receiver) onMsg(m *nats.Msg) {
 // and this host's clocks to differ. Asking costs a round trip to the
 // consumer's leader, which a key catching up on a backlog would pay for
 // every message if younger ones were asked about too.
-//
-// On a cluster the age is at most clusterStaleCheckAge, for a delivery
-// from a deposed consumer leader. nats-server (nats-server#6792; 2.15.2 in go.mod)
-// sends a replicated consumer's delivery only once its raft entry has
-// committed, so a leader cut off from its peers sends nothing new; but
-// when the partition heals, it may apply the new leader's entry for the
-// same message before it steps down, and send its own delivery of it,
-// queued since the cut (jetstream_cluster.go, applyConsumerEntries:
-// updateDeliveredOp). That message was stored before the cut, and the
-// majority elects a new leader no sooner than about 4 s after it (raft
-// election timeouts): such a delivery is older than the bound, and is
-// asked about. A backlog on a cluster pays one round trip per message
-// for it; a single server none.
 func (r *receiver) staleCheckAge() time.Duration {
-	age := r.rec.ackDeadline() * 9 / 10
-	if r.c.nc.ConnectedClusterName() != "" {
-		age = min(age, clusterStaleCheckAge)
-	}
-	return age
+	return r.rec.ackDeadline() * 9 / 10
 }
-
-// clusterStaleCheckAge bounds staleCheckAge on a cluster.
-const clusterStaleCheckAge = 2500 * time.Millisecond
 
 // keyDeliveryDue reports whether m, a key consumer's delivery that is a
 // redelivery or of a message stored a while ago, is to be delivered:
