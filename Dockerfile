@@ -43,6 +43,8 @@ ENV JETORDER_DATA_DIR=/data \
     JETORDER_HTTP_ADDR=:8080
 VOLUME /data
 # 8085: the Pub/Sub gRPC API (PUBSUB_EMULATOR_HOST), 8080: the HTTP API.
-# With --nats-listen :4222 the embedded nats-server too (no authentication).
+# With --nats-listen :4222 the embedded nats-server too, which beyond
+# loopback needs --nats-listen-user and --nats-listen-password, or client
+# certificates (docs/OPERATING.md).
 EXPOSE 8085 8080
 ENTRYPOINT ["/usr/local/bin/sidecar"]
