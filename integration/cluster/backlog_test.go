@@ -16,7 +16,6 @@ import (
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
-	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
@@ -31,20 +30,9 @@ import (
 func TestClusterBacklogThroughNodeKill(t *testing.T) {
 	const keys, perKey = 200, 100
 	cl := newChaosCluster(t)
-	opts := []itest.Option{itest.Binary(itest.BuildSidecar(t)), itest.ReadyTimeout(90 * time.Second)}
-	scs := make([]*itest.Sidecar, 3)
-	for i := range 3 {
-		urls := []string{cl.clientProxy[i].URL(), cl.clientProxy[(i+1)%3].URL(), cl.clientProxy[(i+2)%3].URL()}
-		scs[i] = itest.Start(t, sidecar.Config{NATSURL: strings.Join(urls, ","), Replicas: 3, Name: "sidecar-" + strconv.Itoa(i)}, opts...)
-	}
+	scs := cl.startSidecars(itest.Binary(itest.BuildSidecar(t)), itest.ReadyTimeout(90*time.Second))
 	admin := scs[0].GoClient(itest.Patient()...)
-	var err error
-	testutil.Eventually(t, 60*time.Second, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, err = admin.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: itest.TopicPath("backlog-topic")})
-		return err == nil || strings.Contains(err.Error(), "AlreadyExists")
-	}, "CreateTopic on the cluster: %v", func() error { return err })
+	createTopicOnCluster(t, admin, "backlog-topic")
 	itest.MustCreateSub(t, admin, &pb.Subscription{Name: itest.SubPath("backlog-sub"), Topic: itest.TopicPath("backlog-topic"), EnableMessageOrdering: true})
 
 	chk := ordercheck.New()

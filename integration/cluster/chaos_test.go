@@ -95,6 +95,30 @@ func newChaosCluster(t *testing.T) *chaosCluster {
 	return c
 }
 
+// startSidecars starts three sidecars (R3), each on its own node first,
+// the others to fail over to.
+func (c *chaosCluster) startSidecars(opts ...itest.Option) []*itest.Sidecar {
+	scs := make([]*itest.Sidecar, 3)
+	for i := range 3 {
+		urls := []string{c.clientProxy[i].URL(), c.clientProxy[(i+1)%3].URL(), c.clientProxy[(i+2)%3].URL()}
+		scs[i] = itest.Start(c.t, sidecar.Config{NATSURL: strings.Join(urls, ","), Replicas: 3, Name: "sidecar-" + strconv.Itoa(i)}, opts...)
+	}
+	return scs
+}
+
+// createTopicOnCluster creates topic, asking again while the cluster is
+// still electing its leaders.
+func createTopicOnCluster(t *testing.T, admin *pubsub.Client, topic string) {
+	t.Helper()
+	var err error
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err = admin.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: itest.TopicPath(topic)})
+		return err == nil || strings.Contains(err.Error(), "AlreadyExists")
+	}, "CreateTopic on the cluster: %v", func() error { return err })
+}
+
 func (c *chaosCluster) start(i int) {
 	c.nodes[i] = itest.StartProcess(c.t, c.bin, []string{"-c", c.confs[i]}, nil, nil)
 }
@@ -489,20 +513,9 @@ func startClusterChaos(t *testing.T, o chaosOptions) *clusterChaosRun {
 	if dir := os.Getenv("JETORDER_CLUSTER_CHAOS_LOGS"); dir != "" {
 		t.Cleanup(func() { r.writeLogs(dir) })
 	}
-	r.scs = make([]*itest.Sidecar, 3)
-	for i := range 3 {
-		// Its own node first, the others to fail over to.
-		urls := []string{r.cl.clientProxy[i].URL(), r.cl.clientProxy[(i+1)%3].URL(), r.cl.clientProxy[(i+2)%3].URL()}
-		r.scs[i] = itest.Start(t, sidecar.Config{NATSURL: strings.Join(urls, ","), Replicas: 3, Name: "sidecar-" + strconv.Itoa(i)}, opts...)
-	}
+	r.scs = r.cl.startSidecars(opts...)
 	admin := r.scs[0].GoClient(itest.Patient()...)
-	var err error
-	testutil.Eventually(t, 60*time.Second, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, err = admin.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: itest.TopicPath("cluster-topic")})
-		return err == nil || strings.Contains(err.Error(), "AlreadyExists")
-	}, "CreateTopic on the cluster: %v", func() error { return err })
+	createTopicOnCluster(t, admin, "cluster-topic")
 	itest.MustCreateSub(t, admin, &pb.Subscription{Name: itest.SubPath("cluster-sub"), Topic: itest.TopicPath("cluster-topic"), EnableMessageOrdering: true, AckDeadlineSeconds: 5})
 
 	r.receive("cluster-sub", true)
