@@ -2,6 +2,8 @@ package cluster_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -14,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/testutil"
 )
 
@@ -107,6 +111,19 @@ func TestRawJetStreamNegativeControl(t *testing.T) {
 	t.Logf("%d skips seen, the first: %s", len(f.skips), f.skips[0])
 }
 
+// rawConnect connects to the servers at urls, in that order, for the rest
+// of the test, and reconnects for as long.
+func rawConnect(t *testing.T, urls []string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	opts = append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond), nats.ReconnectBufSize(-1), nats.DontRandomize()}, opts...)
+	nc, err := nats.Connect(strings.Join(urls, ","), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 // rawChaosFaults is JETORDER_RAW_CHAOS, the raw runs' number of faults;
 // without it they are skipped.
 func rawChaosFaults(t *testing.T) int {
@@ -123,15 +140,7 @@ func rawChaosFaults(t *testing.T) int {
 // the run's record and whether every stored message was delivered.
 func runRawChaos(t *testing.T, faults int, kinds []string, pauses bool, loseEvery int) (*rawFlow, bool) {
 	cl := newChaosCluster(t)
-	connect := func(urls ...string) *nats.Conn {
-		nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.ReconnectBufSize(-1), nats.DontRandomize())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
-	nc := connect(cl.clientURLs...)
+	nc := rawConnect(t, cl.clientURLs)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +167,7 @@ func runRawChaos(t *testing.T, faults int, kinds []string, pauses bool, loseEver
 		f.delivered[k] = -1
 	}
 	for i := range 3 {
-		rc := connect(cl.clientProxy[i].URL(), cl.clientProxy[(i+1)%3].URL(), cl.clientProxy[(i+2)%3].URL())
+		rc := rawConnect(t, []string{cl.clientProxy[i].URL(), cl.clientProxy[(i+1)%3].URL(), cl.clientProxy[(i+2)%3].URL()})
 		who := "receiver-" + strconv.Itoa(i)
 		if _, err := rc.QueueSubscribe("rawdeliver", "g", func(m *nats.Msg) {
 			var k, idx int
@@ -322,4 +331,303 @@ func runRawChaos(t *testing.T, faults int, kinds []string, pauses bool, loseEver
 	t.Logf("%d messages stored, %d deliveries, %d skips, %d pauses", total, f.handled, len(f.skips), f.paused)
 	f.mu.Unlock()
 	return f, caught
+}
+
+// The deposed-leader scene: one key's stream and consumer.
+const (
+	deposedStream   = "DEPOSED"
+	deposedSubject  = "deposed.k"
+	deposedConsumer = "key"
+	deposedDeliver  = "deposed.deliver"
+)
+
+// deposedCase is the scene of the deposed-leader tests on the chaos
+// cluster: an R3 stream, an R3 key consumer configured as per-key
+// delivery's (adapter's consumerConfig: AckExplicit, MaxAckPending 1, a
+// deliver subject and queue group; AckWait 3 s) whose leader L is not the
+// stream's leader, m1 to m3 stored, and receiver A, connected to L's node
+// alone, holding m1.
+type deposedCase struct {
+	cl     *chaosCluster
+	leader int            // L
+	a      *nats.Conn     // A's connection, to L's node only
+	toA    chan *nats.Msg // A's deliveries after m1
+	first  *nats.Msg      // m1, as A got it
+}
+
+// startDeposedCase sets the scene; flowControl gives the consumer flow
+// control and heartbeats, which deliver without waiting for the
+// consumer's quorum (the negative control).
+func startDeposedCase(t *testing.T, flowControl bool) *deposedCase {
+	if itest.Delivery == adapter.DeliveryPerKey {
+		t.Skip("raw JetStream, the same in every delivery mode: it runs in the default pass")
+	}
+	c := &deposedCase{cl: newChaosCluster(t), toA: make(chan *nats.Msg, 16)}
+	nc := rawConnect(t, c.cl.clientURLs)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stream jetstream.Stream
+	testutil.Eventually(t, time.Minute, func() bool {
+		stream, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: deposedStream, Subjects: []string{deposedSubject}, Replicas: 3, Storage: jetstream.FileStorage})
+		return err == nil
+	}, "create stream: %v", func() error { return err })
+	cfg := jetstream.ConsumerConfig{Durable: deposedConsumer, DeliverSubject: deposedDeliver, DeliverGroup: "g",
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: 1, AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: 3 * time.Second, MaxDeliver: -1, FilterSubject: deposedSubject, MaxAckPending: 1}
+	if flowControl {
+		cfg.FlowControl, cfg.IdleHeartbeat = true, time.Second
+	}
+	testutil.Eventually(t, time.Minute, func() bool {
+		_, err = js.CreateOrUpdatePushConsumer(ctx, deposedStream, cfg)
+		return err == nil
+	}, "create consumer: %v", func() error { return err })
+	c.leader = -1
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		if l := deposedLeaderVia(nc); strings.HasPrefix(l, "c") {
+			c.leader, _ = strconv.Atoi(l[1:])
+		}
+		return c.leader >= 0
+	}, "the consumer has no leader")
+	// The stream's leader moves off L's node, so that the partition
+	// leaves the stream led on the majority's side, and only the
+	// consumer's leadership changes.
+	lName, other := deposedNode(c.leader), deposedNode((c.leader+1)%3)
+	var streamLeader string
+	testutil.Eventually(t, time.Minute, func() bool {
+		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if info, err := stream.Info(ictx); err == nil && info.Cluster != nil {
+			streamLeader = info.Cluster.Leader
+		}
+		if streamLeader == lName {
+			_, _ = nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+deposedStream, []byte(`{"placement":{"preferred":"`+other+`"}}`), 2*time.Second)
+		}
+		return streamLeader != "" && streamLeader != lName
+	}, "the stream's leader (%s) did not move off the consumer's leader %s", func() string { return streamLeader }, lName)
+	for i := 1; i <= 3; i++ {
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			_, err = js.Publish(pctx, deposedSubject, []byte("m"+strconv.Itoa(i)), jetstream.WithMsgID("m"+strconv.Itoa(i)))
+			return err == nil
+		}, "publish m%d: %v", i, func() error { return err })
+	}
+
+	// A sees no other node: L delivers to it, and only L can.
+	c.a = rawConnect(t, []string{c.cl.clientURLs[c.leader]}, nats.IgnoreDiscoveredServers())
+	if _, err := c.a.QueueSubscribe(deposedDeliver, "g", deposedReceiver(c.toA)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c.first = <-c.toA:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("A, on the consumer's leader %s, got no delivery", lName)
+	}
+	if md, err := c.first.Metadata(); err != nil || md.Sequence.Stream != 1 || md.NumDelivered != 1 {
+		t.Fatalf("A's first delivery: %s, want m1's first", deposedDescribe(c.first))
+	}
+	if l := deposedLeaderVia(c.a); l != lName {
+		t.Fatalf("the consumer's leader moved from %s to %q before the partition", lName, l)
+	}
+	return c
+}
+
+// deposedReceiver passes a receiver's deliveries to ch, and answers the
+// flow control requests and drops the heartbeats of a consumer with flow
+// control.
+func deposedReceiver(ch chan<- *nats.Msg) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		if m.Header.Get("Status") != "" {
+			if m.Reply != "" {
+				_ = m.Respond(nil)
+			}
+			return
+		}
+		ch <- m
+	}
+}
+
+// deposedLeaderVia is the leader the consumer's info names, asked through
+// nc ("" without an answer): the server that takes itself for the
+// consumer's leader, among those nc's server reaches, answers.
+func deposedLeaderVia(nc *nats.Conn) string {
+	m, err := nc.Request("$JS.API.CONSUMER.INFO."+deposedStream+"."+deposedConsumer, nil, 500*time.Millisecond)
+	if err != nil {
+		return ""
+	}
+	var resp struct {
+		jetstream.ConsumerInfo
+		Error *jetstream.APIError `json:"error"`
+	}
+	if json.Unmarshal(m.Data, &resp) != nil || resp.Error != nil || resp.Cluster == nil {
+		return ""
+	}
+	return resp.Cluster.Leader
+}
+
+func deposedNode(i int) string { return "c" + strconv.Itoa(i) }
+
+func deposedDescribe(m *nats.Msg) string {
+	md, err := m.Metadata()
+	if err != nil {
+		return fmt.Sprintf("%q (%v)", m.Data, err)
+	}
+	return fmt.Sprintf("%s (stream seq %d, consumer seq %d, delivery %d)", m.Data, md.Sequence.Stream, md.Sequence.Consumer, md.NumDelivered)
+}
+
+// TestRawJetStreamDeposedLeaderDoesNotDeliver: a key consumer's leader
+// cut off from its peers does not deliver the key's next message, though
+// it takes the ack of the one before and still answers as the leader
+// while the majority's new leader does too. nats-server (2.15.2) sends a
+// delivery of a replicated consumer with acks and no flow control only
+// once its "delivered" entry is committed (consumer.go
+// replicateDeliveries, jetstream_cluster.go's apply of updateDeliveredOp),
+// which a leader without its quorum cannot do. The majority's leader
+// delivers m1 again, then m2 and m3; after the heal L steps down, and
+// nothing it queued reaches A. docs/RELIABILITY.md.
+func TestRawJetStreamDeposedLeaderDoesNotDeliver(t *testing.T) {
+	c := startDeposedCase(t, false)
+	lName := deposedNode(c.leader)
+	aFirst, _ := c.first.Metadata()
+	c.cl.partition(c.leader, true)
+	cut := time.Now()
+	// L takes the ack, but an ack is answered only once committed.
+	if err := c.first.AckSync(nats.AckWait(2 * time.Second)); !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("A's ack of m1 to the cut-off leader %s: %v, want no answer (a timeout)", lName, err)
+	}
+	// B, on the majority's side, subscribes there: L never learns of it.
+	b := rawConnect(t, []string{c.cl.clientURLs[(c.leader+1)%3]}, nats.IgnoreDiscoveredServers())
+	toB := make(chan *nats.Msg, 16)
+	if _, err := b.QueueSubscribe(deposedDeliver, "g", deposedReceiver(toB)); err != nil {
+		t.Fatal(err)
+	}
+	staleToA := func(when string) {
+		select {
+		case m := <-c.toA:
+			t.Fatalf("A got %s from %s %s", deposedDescribe(m), lName, when)
+		default:
+		}
+	}
+
+	// Until the two leaders have answered at once and B has acked m3.
+	// The two leaders last from the majority's election (4 to 9 s after
+	// its last heartbeat from L, nats-server's election timeout) to L's
+	// own step-down (10 s without an answer from a peer, its
+	// lostQuorumInterval); 25 s is past both.
+	var (
+		majority      string   // the majority's leader, named through B while L named itself through A
+		bSeqs         []uint64 // the consumer sequences of B's deliveries
+		last, acked   uint64   // the highest stream sequence B got, and that B's ack of was answered
+		infoA, infoB  string
+		partitionEnds = time.Now().Add(25 * time.Second)
+	)
+	for majority == "" || acked < 3 {
+		if time.Now().After(partitionEnds) {
+			t.Fatalf("after 25 s of partition: the two leaders answering at once seen: %q (the last answers through A %q, through B %q); B has acked up to m%d",
+				majority, infoA, infoB, acked)
+		}
+		staleToA("during the partition")
+		select {
+		case m := <-toB:
+			md, err := m.Metadata()
+			if err != nil {
+				t.Fatalf("B's delivery %q: %v", m.Data, err)
+			}
+			s := md.Sequence.Stream
+			switch {
+			case s <= acked:
+				t.Fatalf("B got %s again after its ack was answered", deposedDescribe(m))
+			case s > last+1:
+				t.Fatalf("B got %s before m%d", deposedDescribe(m), last+1)
+			case s == 1 && md.NumDelivered < 2:
+				t.Fatalf("B got %s: A's delivery of m1 was not counted", deposedDescribe(m))
+			}
+			last = s
+			bSeqs = append(bSeqs, md.Sequence.Consumer)
+			t.Logf("B got %s, %v after the cut", deposedDescribe(m), time.Since(cut).Round(time.Millisecond))
+			if err := m.AckSync(nats.AckWait(2 * time.Second)); err != nil {
+				t.Logf("B's ack of %s: %v; it comes again after its ack wait", m.Data, err)
+			} else {
+				acked = s
+			}
+		case <-time.After(100 * time.Millisecond): // the poll's period
+		}
+		if majority == "" {
+			infoA, infoB = deposedLeaderVia(c.a), deposedLeaderVia(b)
+			if infoA == lName && infoB != "" && infoB != lName {
+				majority = infoB
+				t.Logf("two leaders answer, %v after the cut: %s through A, %s through B", time.Since(cut).Round(time.Millisecond), infoA, infoB)
+			}
+		}
+	}
+
+	c.cl.partition(c.leader, false)
+	healed := time.Now()
+	t.Logf("healed %v after the cut", healed.Sub(cut).Round(time.Millisecond))
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		staleToA("after the heal")
+		infoA, infoB = deposedLeaderVia(c.a), deposedLeaderVia(b)
+		return infoA != "" && infoA != lName && infoA == infoB
+	}, "after the heal, the consumer's info names %q through A and %q through B, want one leader other than %s",
+		func() string { return infoA }, func() string { return infoB }, lName)
+	t.Logf("%v after the heal, %s leads, through A and B alike", time.Since(healed).Round(time.Millisecond), infoA)
+	// What L had queued would go out when it applies the new leader's
+	// "delivered" entry for the same message (at the heal, before its
+	// step-down) or on its redelivery timer: 3 s, one ack wait, after the
+	// step-down covers both.
+	select {
+	case m := <-c.toA:
+		t.Fatalf("A got %s from %s after the heal", deposedDescribe(m), lName)
+	case <-time.After(3 * time.Second):
+	}
+	prev := aFirst.Sequence.Consumer
+	for _, seq := range bSeqs {
+		if seq <= prev {
+			t.Fatalf("consumer sequences: A's m1 %d, then B's %v: not increasing", aFirst.Sequence.Consumer, bSeqs)
+		}
+		prev = seq
+	}
+}
+
+// TestRawJetStreamDeposedLeaderNegativeControl: the same scene with a
+// consumer with flow control, whose deliveries nats-server sends without
+// waiting for their commit (replicateDeliveries is false with flow
+// control). L, cut off, must take A's ack of m1 and send m2 to A, while
+// the majority's new leader delivers m1 again to B: the key delivered by
+// two leaders at once, which the test above would catch.
+func TestRawJetStreamDeposedLeaderNegativeControl(t *testing.T) {
+	c := startDeposedCase(t, true)
+	lName := deposedNode(c.leader)
+	c.cl.partition(c.leader, true)
+	defer c.cl.partition(c.leader, false)
+	if err := c.first.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-c.toA:
+		if md, err := m.Metadata(); err != nil || md.Sequence.Stream != 2 {
+			t.Fatalf("A got %s from the cut-off leader %s, want m2", deposedDescribe(m), lName)
+		}
+		t.Logf("A got %s from the cut-off leader %s", deposedDescribe(m), lName)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the cut-off leader %s of a consumer with flow control sent A no m2 after A's ack of m1", lName)
+	}
+	b := rawConnect(t, []string{c.cl.clientURLs[(c.leader+1)%3]}, nats.IgnoreDiscoveredServers())
+	toB := make(chan *nats.Msg, 16)
+	if _, err := b.QueueSubscribe(deposedDeliver, "g", deposedReceiver(toB)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-toB:
+		if md, err := m.Metadata(); err != nil || md.Sequence.Stream != 1 || md.NumDelivered < 2 {
+			t.Fatalf("B got %s from the majority's leader, want m1 again", deposedDescribe(m))
+		}
+		t.Logf("B got %s from the majority's leader %s, while A has m2", deposedDescribe(m), deposedLeaderVia(b))
+	case <-time.After(25 * time.Second):
+		t.Fatal("the majority's side delivered nothing to B within 25 s of the partition")
+	}
 }
