@@ -546,7 +546,7 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	if keyConsumer {
 		r.traceKey("key consumer delivery arrived", meta.Consumer, meta.Sequence.Stream, meta.Sequence.Consumer, meta.NumDelivered)
 	}
-	if keyConsumer && (meta.NumDelivered > 1 || time.Since(meta.Timestamp) > r.staleCheckAge()) {
+	if staleCheck && keyConsumer && (meta.NumDelivered > 1 || time.Since(meta.Timestamp) > r.staleCheckAge()) {
 		r.mu.Lock()
 		acked := r.ackedHereLocked(meta.Consumer, meta.Sequence.Stream, meta.Timestamp)
 		r.mu.Unlock()

@@ -120,6 +120,14 @@ func BuildSidecar(t testing.TB) string {
 	return build(t, "sidecar", "github.com/jetorder/jetorder/cmd/sidecar", "-race")
 }
 
+// BuildSidecarTagged builds the sidecar, with the race detector, with
+// the build tags given (comma-separated): for a negative control that
+// needs a check switched off at build time.
+func BuildSidecarTagged(t testing.TB, tags string) string {
+	t.Helper()
+	return build(t, "sidecar-"+strings.ReplaceAll(tags, ",", "-"), "github.com/jetorder/jetorder/cmd/sidecar", "-race", "-tags", tags)
+}
+
 // BuildNATSServer builds the nats-server of go.mod into a temp dir and
 // returns the binary's path.
 func BuildNATSServer(t testing.TB) string {

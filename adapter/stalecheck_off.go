@@ -1,0 +1,7 @@
+//go:build jetorder_nostalecheck
+
+package adapter
+
+// staleCheck is off in this build: for the cluster chaos test's negative
+// control only (stalecheck.go).
+const staleCheck = false
