@@ -95,30 +95,30 @@ func assignPartitions(members []string, n int, current []string) []string {
 // that could not be written (a cluster electing leaders) does not end
 // Receive: watchMembers writes it at its next check, and meanwhile this
 // receiver pulls its share as it sees it, the others theirs.
-func (m *partitionedMode) join(ctx context.Context) (jetstream.KeyWatcher, error) {
+func (m *partitionedMode) join(ctx context.Context) (*lastingWatch, error) {
 	prefix := m.r.sub.memberPrefix()
 	m.members = map[string]uint64{} // and leave deletes the record
 	if _, err := m.owners.Put(ctx, prefix+m.rid(), []byte(m.r.c.cfg.name)); err != nil {
 		m.unrecorded = true
 		m.r.c.cfg.logger.Warn("member record not written; trying again", "subscription", m.r.sub.id, "err", err)
 	}
-	w, err := m.owners.Watch(context.Background(), prefix+"*")
+	w, err := watchLasting(context.Background(), m.owners, prefix+"*")
 	if err != nil {
 		return nil, err
 	}
 	for {
 		select {
-		case e := <-w.Updates():
+		case e := <-w.updates():
 			if e == nil { // the initial values are in
 				if err := m.loadRecorded(ctx); err != nil {
-					_ = w.Stop()
+					w.stop()
 					return nil, err
 				}
 				return w, nil
 			}
 			m.memberUpdate(e)
 		case <-ctx.Done():
-			_ = w.Stop()
+			w.stop()
 			return nil, ctx.Err()
 		}
 	}
@@ -217,9 +217,9 @@ func (m *partitionedMode) setRecorded(i int, rid string, rev uint64) {
 
 // watchMembers keeps the members' view current and the pulls following
 // it, until the mode stops.
-func (m *partitionedMode) watchMembers(w jetstream.KeyWatcher) {
+func (m *partitionedMode) watchMembers(w *lastingWatch) {
 	defer m.loops.Done()
-	defer func() { _ = w.Stop() }()
+	defer func() { w.stop() }()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -230,13 +230,23 @@ func (m *partitionedMode) watchMembers(w jetstream.KeyWatcher) {
 	defer t.Stop()
 	reconnects := m.r.c.nc.Stats().Reconnects
 	goneOnce := map[string]bool{} // members found gone at the last check
+	var renewed map[string]uint64 // the records a renewed watch has sent so far
 	for {
 		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			if e != nil {
+		case e, ok := <-w.updates():
+			switch {
+			case !ok:
+				if !w.renew(m.stopped, func(err error) {
+					m.r.c.cfg.logger.Warn("members not watched; trying again", "subscription", m.r.sub.id, "err", err)
+				}) {
+					return
+				}
+				renewed = map[string]uint64{}
+			case e != nil && renewed != nil:
+				if e.Operation() == jetstream.KeyValuePut {
+					renewed[strings.TrimPrefix(e.Key(), m.r.sub.memberPrefix())] = e.Revision()
+				}
+			case e != nil:
 				m.memberUpdate(e)
 				if e.Operation() != jetstream.KeyValuePut && e.Key() == m.r.sub.memberPrefix()+m.rid() {
 					// Another receiver took this one for gone (it could
@@ -245,6 +255,14 @@ func (m *partitionedMode) watchMembers(w jetstream.KeyWatcher) {
 					// or the others would leave this receiver out for good.
 					m.unrecorded = true
 				}
+				m.follow(m.assignment())
+			case renewed != nil:
+				// Every record there now: members deleted while the
+				// watch was down are left out, this one's own included.
+				if _, ok := renewed[m.rid()]; !ok {
+					m.unrecorded = true
+				}
+				m.members, renewed = renewed, nil
 				m.follow(m.assignment())
 			}
 			continue

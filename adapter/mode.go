@@ -88,7 +88,7 @@ func (m *perKeyMode) start(ctx context.Context) error {
 	// Started with Receive, so that it has read the records by the time
 	// redeliveries come; until then (or without it) they are listed when
 	// needed.
-	if w, err := m.members.Watch(octx, m.r.sub.memberPrefix()+"*"); err == nil {
+	if w, err := watchLasting(octx, m.members, m.r.sub.memberPrefix()+"*"); err == nil {
 		m.done.Go(func() { m.watchPeers(octx, w) })
 	}
 	return nil

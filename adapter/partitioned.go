@@ -179,7 +179,7 @@ func (m *partitionedMode) start(ctx context.Context) error {
 	// Tried again while it fails for a reason that goes away by itself (a
 	// reconnect whose buffer filled, the bucket's leader being elected):
 	// a receiver started during a fault waits for it.
-	var w jetstream.KeyWatcher
+	var w *lastingWatch
 	err := r.c.retryAPI(ctx, func(ctx context.Context) (err error) {
 		w, err = m.join(ctx)
 		return err

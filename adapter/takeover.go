@@ -190,12 +190,12 @@ func (m *partitionedMode) watchOwners() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	prefix := m.ownerPrefix()
-	w, err := m.owners.Watch(ctx, prefix+"*", jetstream.IgnoreDeletes())
+	w, err := watchLasting(ctx, m.owners, prefix+"*", jetstream.IgnoreDeletes())
 	if err != nil {
 		m.r.c.cfg.logger.Warn("owner records not watched: a dead owner's partitions wait for their pin's TTL and ack deadlines", "subscription", m.r.sub.id, "err", err)
 		return
 	}
-	defer func() { _ = w.Stop() }()
+	defer func() { w.stop() }()
 	records := make(map[int]ownerRecord)
 	loaded := false // the watch's initial values are in: a missing record is none
 	// when to look again at a partition without a record: one found quiet
@@ -208,9 +208,18 @@ func (m *partitionedMode) watchOwners() {
 	defer t.Stop()
 	for {
 		select {
-		case e, ok := <-w.Updates():
+		case e, ok := <-w.updates():
 			if !ok {
-				return
+				if !w.renew(m.stopped, func(err error) {
+					m.r.c.cfg.logger.Warn("owner records not watched; trying again", "subscription", m.r.sub.id, "err", err)
+				}) {
+					return
+				}
+				// The new watch sends every record there now: those
+				// deleted meanwhile are gone from it.
+				clear(records)
+				loaded = false
+				continue
 			}
 			if e != nil {
 				i, err := strconv.Atoi(strings.TrimPrefix(e.Key(), prefix))

@@ -237,20 +237,26 @@ const memberCheckInterval = 500 * time.Millisecond
 // lease is found at once, from the watch's initial values.
 func (o *discoverer) watchMembers(ctx context.Context) {
 	prefix := o.r.sub.memberPrefix()
-	w, err := o.members.Watch(ctx, prefix+"*")
+	w, err := watchLasting(ctx, o.members, prefix+"*")
 	if err != nil {
 		o.warn("members not watched: a dead receiver's messages wait for their ack deadline", err)
 		return
 	}
-	defer func() { _ = w.Stop() }()
+	defer func() { w.stop() }()
 	members := make(map[string]uint64) // id -> record revision
 	t := time.NewTicker(memberCheckInterval)
 	defer t.Stop()
 	for {
 		select {
-		case e, ok := <-w.Updates():
+		case e, ok := <-w.updates():
 			if !ok {
-				return
+				if !w.renew(ctx.Done(), func(err error) { o.warn("members not watched; trying again", err) }) {
+					return
+				}
+				// The new watch sends every record there now; one
+				// deleted meanwhile is no member to sweep for.
+				clear(members)
+				continue
 			}
 			if e != nil {
 				id := strings.TrimPrefix(e.Key(), prefix)
@@ -443,14 +449,25 @@ func parseHoldAnswer(answer []byte) map[heldKey]bool {
 
 // watchPeers keeps m.peers, the members heldElsewhere asks, from their
 // records, with w (a watch of them), until ctx ends.
-func (m *perKeyMode) watchPeers(ctx context.Context, w jetstream.KeyWatcher) {
+func (m *perKeyMode) watchPeers(ctx context.Context, w *lastingWatch) {
 	prefix := m.r.sub.memberPrefix()
-	defer func() { _ = w.Stop() }()
+	defer func() { w.stop() }()
 	for {
 		select {
-		case e, ok := <-w.Updates():
+		case e, ok := <-w.updates():
 			if !ok {
-				return
+				if !w.renew(ctx.Done(), func(err error) {
+					m.r.c.cfg.logger.Warn("members not watched; trying again", "subscription", m.r.sub.id, "err", err)
+				}) {
+					return
+				}
+				// The new watch sends every record there now: until it
+				// has, the members are listed when asked (peersKnown).
+				m.peersMu.Lock()
+				clear(m.peers)
+				m.peersKnown = false
+				m.peersMu.Unlock()
+				continue
 			}
 			m.peersMu.Lock()
 			switch {

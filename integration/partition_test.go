@@ -334,28 +334,33 @@ func TestPartitionOwnerLosesPinWhileHandlerRuns(t *testing.T) {
 	cons := keyrouter.PartitionConsumer(project, "failover-sub", 0)
 	// B pulls the partition too, as when the receivers' views of the
 	// members differ for a moment: their member records are deleted, so
-	// each takes itself for the only one (balance.go).
+	// each takes itself for the only one (balance.go) until it writes its
+	// record again (at its next check, a second later).
 	state, err := js.KeyValue(ctx, "JO_STATE")
 	if err != nil {
 		t.Fatal(err)
 	}
-	members, err := state.ListKeysFiltered(ctx, keyrouter.KVKey(project, "failover-sub")+".members.*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k := range members.Keys() {
-		if err := state.Delete(ctx, k); err != nil {
+	forgetMembers := func() {
+		members, err := state.ListKeysFiltered(ctx, keyrouter.KVKey(project, "failover-sub")+".members.*")
+		if err != nil {
 			t.Fatal(err)
+		}
+		for k := range members.Keys() {
+			if err := state.Delete(ctx, k); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	// Unpin until B wins the partition: the next message pins whoever pulls
 	// first. While B is fenced it delivers nothing; A, pinned again,
-	// delivers the new message at once.
+	// delivers the new message at once. B, once pinned, is the recorded
+	// owner, and keeps the partition when the views agree again.
 	var unpinned time.Time
 	for try := 0; ; try++ {
 		if try == 20 {
 			t.Fatalf("B never won the partition in 20 unpins:\n%s", f.log)
 		}
+		forgetMembers()
 		st, err := js.Stream(ctx, stream)
 		if err == nil {
 			err = st.UnpinConsumer(ctx, cons, "jetorder")
