@@ -322,77 +322,73 @@ func TestTakeOverFromUnrecorded(t *testing.T) {
 }
 
 // TestPartitionOwnerLosesPinWhileHandlerRuns: A is alive and connected but
-// loses the partition (an operator unpins it); A hands held|1 back at once
-// and keeps extending held|0, whose handler runs on. B, the new owner,
-// must start nothing of the partition until A acks held|0: without the
-// take-over fence it would start held|1 at once, beside held|0.
+// loses a partition while a handler of it runs: B joins, and the partition
+// moves to B (two partitions, one each). A hands back what no handler
+// started and keeps extending h|0, whose handler runs on. B, the new
+// owner, must start nothing of the partition until A acks h|0: without
+// the take-over fence it would start h|1 at once, beside h|0.
 func TestPartitionOwnerLosesPinWhileHandlerRuns(t *testing.T) {
-	f := newFailover(t)
-	ctx := context.Background()
-	js := jetstreamOf(t, f.e)
-	stream := keyrouter.StreamName(project, "failover")
-	cons := keyrouter.PartitionConsumer(project, "failover-sub", 0)
-	// B pulls the partition too, as when the receivers' views of the
-	// members differ for a moment: their member records are deleted, so
-	// each takes itself for the only one (balance.go) until it writes its
-	// record again (at its next check, a second later).
-	state, err := js.KeyValue(ctx, "JO_STATE")
-	if err != nil {
-		t.Fatal(err)
+	// Keys of partitions 1 and 0 of 2: A keeps the first partition it owns
+	// (the assignment keeps owners in partition order) and yields the
+	// second to B.
+	const held, stays = "other", "k"
+	if keyrouter.Slot(held)%2 != 1 || keyrouter.Slot(stays)%2 != 0 {
+		t.Fatalf("keys %q and %q are not of partitions 1 and 0 of 2", held, stays)
 	}
-	forgetMembers := func() {
-		members, err := state.ListKeysFiltered(ctx, keyrouter.KVKey(project, "failover-sub")+".members.*")
-		if err != nil {
-			t.Fatal(err)
+	e := newEnv(t)
+	topic := e.createTopic("moves")
+	e.createSub("moves-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, AckDeadline: 2 * time.Second,
+		Delivery: adapter.DeliveryPartitioned, Partitions: 2})
+	log, release := &partLog{}, make(chan struct{})
+	_, cA := e.connect()
+	_, cB := e.connect()
+	startReceive(t, cA.Subscription("moves-sub"), func(ctx context.Context, m *adapter.Message) {
+		ev := log.add("A", m)
+		if ev.key == held && ev.index == 0 {
+			<-release // a handler still running, whatever happens to the partition
 		}
-		for k := range members.Keys() {
-			if err := state.Delete(ctx, k); err != nil {
-				t.Fatal(err)
-			}
+		log.ack(m)
+	})
+	publish(t, topic, string(ordercheck.Encode(stays, 0)), stays)
+	publish(t, topic, string(ordercheck.Encode(held, 0)), held)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, ok := log.first("A", held, 0)
+		_, acked := log.ackedAt(stays, 0)
+		return ok && acked
+	}, "A never got both partitions' messages: %s", log.String)
+	publish(t, topic, string(ordercheck.Encode(held, 1)), held)
+	js := jetstreamOf(t, e)
+	stream, cons := keyrouter.StreamName(project, "moves"), keyrouter.PartitionConsumer(project, "moves-sub", 1)
+	pinA := pinnedClient(t, js, stream, cons)
+	startReceive(t, cB.Subscription("moves-sub"), func(ctx context.Context, m *adapter.Message) {
+		log.add("B", m)
+		log.ack(m)
+	})
+	t.Cleanup(sync.OnceFunc(func() { close(release) })) // registered last, so it runs first: Receive's stop waits for handlers
+
+	// B takes partition 1 over: the server pins it to B.
+	testutil.Eventually(t, 10*time.Second, func() bool { p := pinnedClient(t, js, stream, cons); return p != "" && p != pinA }, "partition 1 never moved from A")
+	moved := time.Now()
+	// Three ack deadlines with h|0 in A's handler, extended by A: nothing
+	// of the key may start meanwhile, at B or back at A.
+	for time.Since(moved) < 3*2*time.Second {
+		if ev, ok := log.first("", held, 1); ok {
+			t.Fatalf("%s started %s|1 %v after the move, while %s|0 was in A's handler:\n%s", ev.who, held, ev.at.Sub(moved), held, log)
 		}
+		if ev, ok := log.first("B", held, 0); ok {
+			t.Fatalf("B got %s|0 %v after the move, while A's handler held it and extended its deadline:\n%s", held, ev.at.Sub(moved), log)
+		}
+		time.Sleep(50 * time.Millisecond) // watching for a start that must not come
 	}
-	// Unpin until B wins the partition: the next message pins whoever pulls
-	// first. While B is fenced it delivers nothing; A, pinned again,
-	// delivers the new message at once. B, once pinned, is the recorded
-	// owner, and keeps the partition when the views agree again.
-	var unpinned time.Time
-	for try := 0; ; try++ {
-		if try == 20 {
-			t.Fatalf("B never won the partition in 20 unpins:\n%s", f.log)
-		}
-		forgetMembers()
-		st, err := js.Stream(ctx, stream)
-		if err == nil {
-			err = st.UnpinConsumer(ctx, cons, "jetorder")
-		}
-		if err != nil {
-			t.Fatalf("unpin: %v", err)
-		}
-		unpinned = time.Now()
-		f.publishOthers(t, 1)
-		last := f.others - 1
-		testutil.Eventually(t, 10*time.Second, func() bool { return pinnedClient(t, js, stream, cons) != "" }, "nobody pinned after the unpin")
-		if !deliveredWithin(f.log, "A", "other", last, time.Second) {
-			break
-		}
+	release <- struct{}{}
+	testutil.Eventually(t, 30*time.Second, func() bool { _, ok := log.ackedAt(held, 1); return ok }, "%s|1 never acked: %s", held, log.String)
+	one, _ := log.first("", held, 1)
+	ackedZero, _ := log.ackedAt(held, 0)
+	if one.who != "B" || !one.at.After(ackedZero) {
+		t.Fatalf("%s|1 started at %s at %v, want at B after %s|0 was acked (at %v):\n%s", held, one.who, one.at, held, ackedZero, log)
 	}
-	// Absence window: three ack deadlines with held|0 in A's handler,
-	// extended by A. Nothing of the partition may start at B meanwhile.
-	window := 3 * 2 * time.Second
-	for time.Since(unpinned) < window {
-		if ev, ok := f.log.first("B", "held", 1); ok {
-			t.Fatalf("B started held|1 %v after the unpin, while held|0 was in A's handler:\n%s", ev.at.Sub(unpinned), f.log)
-		}
-		if ev, ok := f.log.first("B", "held", 0); ok {
-			t.Fatalf("B got held|0 %v after the unpin, while A's handler held it and extended its deadline:\n%s", ev.at.Sub(unpinned), f.log)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	released := time.Now()
-	f.release <- struct{}{}
-	f.checkHeldOrder(t, released)
-	if _, ok := f.log.first("B", "held", 0); ok {
-		t.Fatalf("held|0 was delivered again although A acked it:\n%s", f.log)
+	if _, ok := log.first("B", held, 0); ok {
+		t.Fatalf("%s|0 was delivered again although A acked it:\n%s", held, log)
 	}
 }
 
