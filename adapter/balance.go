@@ -297,7 +297,17 @@ func (m *partitionedMode) watchMembers(w *lastingWatch) {
 				continue
 			}
 			delete(goneOnce, id)
-			_ = m.owners.Delete(ctx, m.r.sub.memberPrefix()+id, jetstream.LastRevision(rev))
+			if err := m.owners.Delete(ctx, m.r.sub.memberPrefix()+id, jetstream.LastRevision(rev)); err != nil {
+				// Not deleted: this receiver may be the one cut off (its
+				// delete cannot reach the bucket's leader, nor its
+				// presence requests the others), or the record changed
+				// (deleted by another receiver, or written again by the
+				// member), which the watch reports. Dropped from the view
+				// regardless, the others would never come back into it:
+				// their records stay, so no change of them would come,
+				// and this receiver would take every partition for good.
+				continue
+			}
 			delete(m.members, id)
 		}
 		// Also tries again a pull that failed to start.
