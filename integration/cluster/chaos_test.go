@@ -854,29 +854,43 @@ func (w *spreadWatch) stop() {
 // each sidecar says it owns (-1: no answer), and how many it has.
 func (r *clusterChaosRun) partitionsOwned() (owned []int, partitions int) {
 	owned = make([]int, len(r.scs))
-	client := http.Client{Timeout: 2 * time.Second}
 	for i, sc := range r.scs {
 		owned[i] = -1
-		resp, err := client.Get(sc.HTTPURL() + "/v1/status")
-		if err != nil {
+		sub, err := clusterSubStatus(sc, 2*time.Second)
+		if err != nil || sub == nil {
 			continue
 		}
-		var st struct {
-			Subscriptions []struct {
-				Name            string            `json:"name"`
-				Partitions      []json.RawMessage `json:"partitions"`
-				PartitionsOwned int               `json:"partitions_owned"`
-			} `json:"subscriptions"`
+		if n, ok := sub["partitions_owned"].(float64); ok {
+			owned[i] = int(n)
 		}
-		err = json.NewDecoder(resp.Body).Decode(&st)
-		resp.Body.Close()
-		for _, sub := range st.Subscriptions {
-			if err == nil && strings.HasSuffix(sub.Name, "/cluster-sub") {
-				owned[i], partitions = sub.PartitionsOwned, len(sub.Partitions)
-			}
+		if ps, ok := sub["partitions"].([]any); ok {
+			partitions = len(ps)
 		}
 	}
 	return owned, partitions
+}
+
+// clusterSubStatus is what a sidecar's /v1/status says of the ordered
+// subscription (nil: nothing).
+func clusterSubStatus(sc *itest.Sidecar, timeout time.Duration) (map[string]any, error) {
+	client := http.Client{Timeout: timeout}
+	resp, err := client.Get(sc.HTTPURL() + "/v1/status")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Subscriptions []map[string]any `json:"subscriptions"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return nil, err
+	}
+	for _, sub := range st.Subscriptions {
+		if name, _ := sub["name"].(string); strings.HasSuffix(name, "/cluster-sub") {
+			return sub, nil
+		}
+	}
+	return nil, nil
 }
 
 // evenlySpread reports whether owned, the partitions each receiver owns,
@@ -928,29 +942,15 @@ func (r *clusterChaosRun) sidecarStates() string {
 	var b strings.Builder
 	for n, sc := range r.scs {
 		fmt.Fprintf(&b, "sidecar-%d:", n)
-		client := http.Client{Timeout: 5 * time.Second}
-		if resp, err := client.Get(sc.HTTPURL() + "/v1/status"); err != nil {
+		if sub, err := clusterSubStatus(sc, 5*time.Second); err != nil {
 			fmt.Fprintf(&b, " status: %v\n", err)
 		} else {
-			var st struct {
-				Subscriptions []map[string]any `json:"subscriptions"`
+			out := map[string]any{}
+			for _, f := range []string{"partitions", "receiving", "streams", "outstanding", "keys_in_flight", "partitions_owned", "partition_buffered", "unacked", "max_delivery_attempt"} {
+				out[f] = sub[f]
 			}
-			err := json.NewDecoder(resp.Body).Decode(&st)
-			resp.Body.Close()
-			for _, sub := range st.Subscriptions {
-				if name, _ := sub["name"].(string); strings.HasSuffix(name, "/cluster-sub") {
-					out := map[string]any{}
-					for _, f := range []string{"partitions", "receiving", "streams", "outstanding", "keys_in_flight", "partitions_owned", "partition_buffered", "unacked", "max_delivery_attempt"} {
-						out[f] = sub[f]
-					}
-					j, _ := json.Marshal(out)
-					fmt.Fprintf(&b, " %s", j)
-				}
-			}
-			if err != nil {
-				fmt.Fprintf(&b, " status: %v", err)
-			}
-			b.WriteString("\n")
+			j, _ := json.Marshal(out)
+			fmt.Fprintf(&b, " %s\n", j)
 		}
 		var lines []string
 		for line := range strings.Lines(sc.Log()) {
