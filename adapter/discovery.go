@@ -226,10 +226,12 @@ func (o *discoverer) own(ctx context.Context) error {
 		}
 	}()
 
-	// Take-over from gone members runs beside discovery, under the lease.
+	// Take-over from gone members, and the watch for key consumers that
+	// stopped delivering (rebind.go), run beside discovery, under the lease.
 	sweepCtx, stopSweeps := context.WithCancel(ctx)
 	var sweeps sync.WaitGroup
 	sweeps.Go(func() { o.watchMembers(sweepCtx) })
+	sweeps.Go(func() { o.watchBinding(sweepCtx) })
 	defer func() {
 		stopSweeps()
 		sweeps.Wait()
@@ -410,6 +412,16 @@ func (o *discoverer) storeFloor(ctx context.Context) error {
 	return nil
 }
 
+// keyConsumerHeartbeat is a key consumer's idle heartbeat. Its receivers
+// ignore the heartbeats; what counts is that each wakes the consumer's
+// delivery loop on its leader, which then looks for the next message
+// again. A leader whose copy of the stream caught up on messages after a
+// restart or an election was not woken for them (nats-server v2.15.2
+// stores caught-up messages without signalling consumers:
+// processCatchupMsg), and without a later message of its key would wait
+// for good.
+const keyConsumerHeartbeat = 2 * time.Second
+
 // createKeyConsumer creates a key's consumer starting at start. A consumer
 // of that name that exists already started earlier and covers start.
 func (o *discoverer) createKeyConsumer(ctx context.Context, name, subject string, start uint64) error {
@@ -418,7 +430,9 @@ func (o *discoverer) createKeyConsumer(ctx context.Context, name, subject string
 		return err
 	}
 	defer cancel()
-	_, err = o.c.js.CreatePushConsumer(cctx, o.rec.stream(), o.rec.consumerConfig(name, subject, start, 1))
+	cfg := o.rec.consumerConfig(name, subject, start, 1)
+	cfg.IdleHeartbeat = keyConsumerHeartbeat
+	_, err = o.c.js.CreatePushConsumer(cctx, o.rec.stream(), cfg)
 	if errors.Is(err, jetstream.ErrConsumerExists) {
 		return nil
 	}

@@ -2,6 +2,8 @@ package cluster_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,11 +14,13 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetorder/jetorder/adapter"
 	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
 	"github.com/jetorder/jetorder/internal/testutil"
+	"github.com/jetorder/jetorder/keyrouter"
 )
 
 // TestClusterBacklogThroughNodeKill: a backlog received through a node's
@@ -30,7 +34,9 @@ import (
 func TestClusterBacklogThroughNodeKill(t *testing.T) {
 	const keys, perKey = 200, 100
 	cl := newChaosCluster(t)
-	scs := cl.startSidecars(itest.Binary(itest.BuildSidecar(t)), itest.ReadyTimeout(90*time.Second))
+	// At debug level: a failed run reports the sidecars' lines about the
+	// keys left behind (backlogReport).
+	scs := cl.startSidecars(itest.Binary(itest.BuildSidecar(t)), itest.ReadyTimeout(90*time.Second), itest.Flags("--log-level", "debug"))
 	admin := scs[0].GoClient(itest.Patient()...)
 	createTopicOnCluster(t, admin, "backlog-topic")
 	itest.MustCreateSub(t, admin, &pb.Subscription{Name: itest.SubPath("backlog-sub"), Topic: itest.TopicPath("backlog-topic"), EnableMessageOrdering: true})
@@ -98,11 +104,81 @@ func TestClusterBacklogThroughNodeKill(t *testing.T) {
 	publishers.Wait()
 	t.Logf("all %d stored at %v", stored.Load(), time.Since(began).Round(time.Millisecond))
 	if !testutil.Poll(2*time.Minute, func() bool { return chk.Complete("backlog-sub") }) {
-		t.Errorf("not every message delivered and acked 2 min after the last was stored (%d deliveries): %s", deliveries.Load(), chk.Missing("backlog-sub"))
+		t.Errorf("not every message delivered and acked 2 min after the last was stored (%d deliveries): %s\n%s",
+			deliveries.Load(), chk.Missing("backlog-sub"), backlogReport(nc, scs, chk, keys, perKey))
 	}
 	st := chk.Stats("backlog-sub")
 	t.Logf("%s delivery: %d messages delivered in %v, %d deliveries, %d redeliveries", itest.DeliveryName(), keys*perKey, time.Since(began).Round(time.Millisecond), st.Deliveries, st.Redeliveries)
 	if v := chk.Violations(); len(v) > 0 {
 		t.Fatalf("ordering violations:\n%s", strings.Join(v[:min(len(v), 20)], "\n"))
 	}
+}
+
+// backlogReport says, for a backlog left behind, what the server's key
+// consumers of the keys behind hold, and what the sidecars logged of the
+// first few of those consumers.
+func backlogReport(nc *nats.Conn, scs []*itest.Sidecar, chk *ordercheck.Checker, keys, perKey int) string {
+	var b strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err.Error()
+	}
+	behind := map[string]int{} // the key's subject -> messages acked
+	for k := range keys {
+		key := "k" + strconv.Itoa(k)
+		if n := chk.AckedThrough("backlog-sub", key) + 1; n < perKey {
+			behind[keyrouter.KeyedSubject(itest.Project, "backlog-topic", key)] = n
+		}
+	}
+	var named []string
+	for name := range js.StreamNames(ctx).Name() {
+		if !strings.HasPrefix(name, "JO_") {
+			continue
+		}
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			fmt.Fprintf(&b, "stream %s: %v\n", name, err)
+			continue
+		}
+		var all, paused, ackPending, pendingIdle int
+		for info := range s.ListConsumers(ctx).Info() {
+			all++
+			if info.Paused {
+				paused++
+			}
+			if info.NumAckPending > 0 {
+				ackPending++
+			}
+			if info.NumAckPending == 0 && info.NumPending > 0 {
+				pendingIdle++
+			}
+			acked, ok := behind[info.Config.FilterSubject]
+			if !ok {
+				continue
+			}
+			if len(named) < 8 {
+				named = append(named, info.Name)
+				leader := ""
+				if info.Cluster != nil {
+					leader = info.Cluster.Leader
+				}
+				fmt.Fprintf(&b, "behind (%d acked): consumer %s leader %s delivered %+v ack floor %+v pending %d ack pending %d redelivered %d paused %v push bound %v\n",
+					acked, info.Name, leader, info.Delivered, info.AckFloor, info.NumPending, info.NumAckPending, info.NumRedelivered, info.Paused, info.PushBound)
+			}
+		}
+		fmt.Fprintf(&b, "stream %s: %d consumers, %d paused, %d with a message unacked, %d with messages pending and none unacked; %d keys behind\n",
+			name, all, paused, ackPending, pendingIdle, len(behind))
+	}
+	for n, sc := range scs {
+		var lines []string
+		for line := range strings.Lines(sc.Log()) {
+			if slices.ContainsFunc(named, func(c string) bool { return strings.Contains(line, c) }) {
+				lines = append(lines, line)
+			}
+		}
+		fmt.Fprintf(&b, "sidecar %d, %d lines about those consumers:\n%s", n, len(lines), strings.Join(lines[max(0, len(lines)-40):], ""))
+	}
+	return b.String()
 }

@@ -1016,8 +1016,12 @@ func (r *clusterChaosRun) whereIs(k, i int) (string, []uint64) {
 		fmt.Fprintf(&b, "none of k%d's messages %d to %d is in the stream\n", k, i, i+2)
 	}
 	for name := range s.ListConsumers(ctx).Info() {
-		fmt.Fprintf(&b, "consumer %s filter %s: delivered %+v ack floor %+v pending %d ack pending %d waiting %d\n",
-			name.Name, name.Config.FilterSubject, name.Delivered, name.AckFloor, name.NumPending, name.NumAckPending, name.NumWaiting)
+		leader := ""
+		if name.Cluster != nil {
+			leader = name.Cluster.Leader
+		}
+		fmt.Fprintf(&b, "consumer %s filter %s leader %s: delivered %+v ack floor %+v pending %d ack pending %d waiting %d push bound %v paused %v\n",
+			name.Name, name.Config.FilterSubject, leader, name.Delivered, name.AckFloor, name.NumPending, name.NumAckPending, name.NumWaiting, name.PushBound, name.Paused)
 	}
 	return b.String(), seqs
 }
