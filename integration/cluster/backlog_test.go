@@ -107,6 +107,13 @@ func TestClusterBacklogThroughNodeKill(t *testing.T) {
 		t.Errorf("not every message delivered and acked 2 min after the last was stored (%d deliveries): %s\n%s",
 			deliveries.Load(), chk.Missing("backlog-sub"), backlogReport(nc, scs, chk, keys, perKey))
 	}
+	rebound := 0
+	for _, sc := range scs {
+		rebound += strings.Count(sc.Log(), "it was asked to step down")
+	}
+	if rebound > 0 {
+		t.Logf("%d key consumers stalled unbound had their leader step down", rebound)
+	}
 	st := chk.Stats("backlog-sub")
 	t.Logf("%s delivery: %d messages delivered in %v, %d deliveries, %d redeliveries", itest.DeliveryName(), keys*perKey, time.Since(began).Round(time.Millisecond), st.Deliveries, st.Redeliveries)
 	if v := chk.Violations(); len(v) > 0 {
