@@ -452,8 +452,22 @@ func parseHoldAnswer(answer []byte) map[heldKey]bool {
 func (m *perKeyMode) watchPeers(ctx context.Context, w *lastingWatch) {
 	prefix := m.r.sub.memberPrefix()
 	defer func() { w.stop() }()
+	// A discoverer that took this receiver for gone (its presence subject
+	// unanswered, around a reconnect or through a partition) deleted its
+	// record: it is written again, or the other receivers' hold checks
+	// would never ask this one about a message it holds. rewrite fires
+	// while that is to do (again after a failed write).
+	var rewrite <-chan time.Time
 	for {
 		select {
+		case <-rewrite:
+			rewrite = nil
+			wctx, cancel := context.WithTimeout(ctx, m.r.c.cfg.apiTimeout)
+			if _, err := m.members.Put(wctx, prefix+m.r.presence.id, []byte(m.r.c.cfg.name)); err != nil && ctx.Err() == nil {
+				m.r.c.cfg.logger.Warn("member record not written again; trying again", "subscription", m.r.sub.id, "err", err)
+				rewrite = time.After(time.Second)
+			}
+			cancel()
 		case e, ok := <-w.updates():
 			if !ok {
 				if !w.renew(ctx.Done(), func(err error) {
@@ -474,6 +488,9 @@ func (m *perKeyMode) watchPeers(ctx context.Context, w *lastingWatch) {
 			case e == nil: // every record read
 				m.peersKnown = true
 			case strings.TrimPrefix(e.Key(), prefix) == m.r.presence.id:
+				if e.Operation() != jetstream.KeyValuePut && rewrite == nil {
+					rewrite = time.After(0)
+				}
 			case e.Operation() == jetstream.KeyValuePut:
 				m.peers[strings.TrimPrefix(e.Key(), prefix)] = true
 			default:
