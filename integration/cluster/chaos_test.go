@@ -51,7 +51,10 @@ type chaosCluster struct {
 	clientProxy [3]*faultproxy.Proxy
 }
 
-func newChaosCluster(t *testing.T) *chaosCluster {
+// newChaosCluster starts the three nodes and waits for their JetStream;
+// jsOpts are further settings of each node's jetstream block (e.g.
+// "max_outstanding_catchup: 1").
+func newChaosCluster(t *testing.T, jsOpts ...string) *chaosCluster {
 	c := &chaosCluster{t: t, bin: itest.BuildNATSServer(t), nodes: make([]*itest.Process, 3)}
 	var clusterAddrs [3]string
 	for i := range 3 {
@@ -83,8 +86,8 @@ func newChaosCluster(t *testing.T) *chaosCluster {
 			}
 		}
 		conf := filepath.Join(t.TempDir(), "c"+strconv.Itoa(i)+".conf")
-		text := fmt.Sprintf("server_name: c%d\nlisten: %q\njetstream { store_dir: %q }\ncluster { name: chaos, listen: %q, advertise: %q, routes: [%s] }\n",
-			i, strings.TrimPrefix(c.clientURLs[i], "nats://"), filepath.Join(t.TempDir(), "js"), clusterAddrs[i], nowhere, strings.Join(routes, ", "))
+		text := fmt.Sprintf("server_name: c%d\nlisten: %q\njetstream { store_dir: %q\n%s }\ncluster { name: chaos, listen: %q, advertise: %q, routes: [%s] }\n",
+			i, strings.TrimPrefix(c.clientURLs[i], "nats://"), filepath.Join(t.TempDir(), "js"), strings.Join(jsOpts, "\n"), clusterAddrs[i], nowhere, strings.Join(routes, ", "))
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}

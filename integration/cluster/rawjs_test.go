@@ -2,10 +2,12 @@ package cluster_test
 
 import (
 	"context"
+	crand "crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -630,4 +632,327 @@ func TestRawJetStreamDeposedLeaderNegativeControl(t *testing.T) {
 	case <-time.After(25 * time.Second):
 		t.Fatal("the majority's side delivered nothing to B within 25 s of the partition")
 	}
+}
+
+// The catch-up scene: a stream, a key consumer per key, and node X killed
+// while the keys' messages are stored, then started again.
+const (
+	catchupStream  = "CATCHUP"
+	catchupKeys    = 20
+	catchupFillers = 60000 // small messages stored before the keys: most of what X catches up
+	catchupBulk    = 120   // 100 KB messages stored after the keys: past the stream leader's 8 MB compaction threshold
+	catchupWait    = 10 * time.Second
+)
+
+// catchupCase is the scene of the catch-up tests: the key consumers'
+// leaders moved onto node X, restarted, while its replica of the stream
+// catches up (messages X missed, the keys' among them), with a queue
+// subscription bound to every key consumer from then on.
+type catchupCase struct {
+	cl        *chaosCluster
+	nc        *nats.Conn // an admin connection, to any node
+	js        jetstream.JetStream
+	x         int // the lagging node
+	xName     string
+	delivered chan catchupDelivery
+	caughtUp  time.Time // when X's log said its catch-up was complete
+}
+
+type catchupDelivery struct {
+	key  int
+	data string
+	at   time.Time
+}
+
+// catchupCompleteLine is what X logs when its catch-up is over
+// (jetstream_cluster.go processSnapshot).
+const catchupCompleteLine = "Catchup for stream '$G > " + catchupStream + "' complete"
+
+// startCatchupCase sets the scene with consumers of idle heartbeat hb (0:
+// none) and returns once X's catch-up is over.
+func startCatchupCase(t *testing.T, hb time.Duration) *catchupCase {
+	if itest.Delivery == adapter.DeliveryPerKey {
+		t.Skip("raw JetStream, the same in every delivery mode: it runs in the default pass")
+	}
+	// One catch-up message in flight at a time (the stream leader's
+	// outbound catch-up budget, a byte): the catch-up takes seconds, long
+	// enough to move the consumers' leaders onto X during it.
+	c := &catchupCase{cl: newChaosCluster(t, "max_outstanding_catchup: 1"), delivered: make(chan catchupDelivery, 4*catchupKeys)}
+	c.nc = rawConnect(t, c.cl.clientURLs)
+	var err error
+	if c.js, err = jetstream.New(c.nc); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stream jetstream.Stream
+	testutil.Eventually(t, time.Minute, func() bool {
+		stream, err = c.js.CreateStream(ctx, jetstream.StreamConfig{Name: catchupStream, Subjects: []string{"catchup.>"}, Replicas: 3, Storage: jetstream.FileStorage})
+		return err == nil
+	}, "create stream: %v", func() error { return err })
+	for k := range catchupKeys {
+		testutil.Eventually(t, time.Minute, func() bool {
+			_, err = c.js.CreateOrUpdatePushConsumer(ctx, catchupStream, jetstream.ConsumerConfig{Durable: catchupConsumer(k),
+				DeliverSubject: catchupDeliver(k), DeliverGroup: "g", DeliverPolicy: jetstream.DeliverAllPolicy,
+				AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: -1,
+				FilterSubject: catchupSubject(k), MaxAckPending: 1, IdleHeartbeat: hb})
+			return err == nil
+		}, "create consumer %d: %v", k, func() error { return err })
+	}
+	s := -1
+	testutil.Eventually(t, time.Minute, func() bool {
+		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if info, err := stream.Info(ictx); err == nil && info.Cluster != nil && strings.HasPrefix(info.Cluster.Leader, "c") {
+			s, _ = strconv.Atoi(info.Cluster.Leader[1:])
+		}
+		return s >= 0
+	}, "the stream has no leader")
+	c.x = (s + 1) % 3
+	c.xName = deposedNode(c.x)
+
+	// X down, the messages stored without it: the fillers, one message per
+	// key, and the bulk, whose size makes the stream's leader snapshot its
+	// log after the keys' messages: X, back, gets the snapshot and catches
+	// up on all of them from the leader's store (processCatchupMsg), none
+	// through its log.
+	c.cl.nodes[c.x].Kill()
+	pub := rawConnect(t, []string{c.cl.clientURLs[s], c.cl.clientURLs[(s+2)%3]}, nats.IgnoreDiscoveredServers())
+	pjs, err := jetstream.New(pub, jetstream.WithPublishAsyncMaxPending(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acks []jetstream.PubAckFuture
+	publishAsync := func(subject string, data []byte) {
+		f, err := pjs.PublishAsync(subject, data)
+		if err != nil {
+			t.Fatalf("publish to %s: %v", subject, err)
+		}
+		acks = append(acks, f)
+	}
+	published := time.Now()
+	for i := range catchupFillers {
+		publishAsync("catchup.filler", fmt.Appendf(nil, "filler %d", i))
+	}
+	for k := range catchupKeys {
+		publishAsync(catchupSubject(k), fmt.Appendf(nil, "k%d 1", k))
+	}
+	bulk := make([]byte, 100<<10) // random: the stream's log compresses what it can
+	for range catchupBulk {
+		_, _ = crand.Read(bulk)
+		publishAsync("catchup.bulk", bulk)
+	}
+	select {
+	case <-pjs.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		t.Fatalf("%d of %d publishes unacknowledged after a minute", pjs.PublishAsyncPending(), len(acks))
+	}
+	for _, f := range acks {
+		select {
+		case err := <-f.Err():
+			t.Fatalf("publish to %s: %v", f.Msg().Subject, err)
+		default:
+		}
+	}
+	t.Logf("%d messages stored with %s down, in %v", len(acks), c.xName, time.Since(published).Round(time.Millisecond))
+
+	// X back: every key consumer's leader is moved onto it as soon as its
+	// leader has heard from X since the restart.
+	restarted := time.Now()
+	c.cl.start(c.x)
+	moved, asked := make([]bool, catchupKeys), make([]time.Time, catchupKeys)
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		done := true
+		for k := range catchupKeys {
+			if moved[k] {
+				continue
+			}
+			info := c.info(k)
+			if info != nil && info.Cluster != nil && info.Cluster.Leader == c.xName {
+				moved[k] = true
+				continue
+			}
+			done = false
+			if info == nil || info.Cluster == nil || time.Since(asked[k]) < 500*time.Millisecond {
+				continue
+			}
+			for _, p := range info.Cluster.Replicas {
+				if p.Name == c.xName && !p.Offline && p.Active < time.Since(restarted) {
+					_, _ = c.nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+catchupStream+"."+catchupConsumer(k),
+						[]byte(`{"placement":{"preferred":"`+c.xName+`"}}`), time.Second)
+					asked[k] = time.Now()
+				}
+			}
+		}
+		return done
+	}, "the key consumers' leaders not all moved onto %s: %v", c.xName, func() []bool { return moved })
+	t.Logf("every key consumer's leader on %s, %v after its restart", c.xName, time.Since(restarted).Round(time.Millisecond))
+
+	// The receivers, on the stream leader's node.
+	rc := rawConnect(t, []string{c.cl.clientURLs[s]}, nats.IgnoreDiscoveredServers())
+	for k := range catchupKeys {
+		if _, err := rc.QueueSubscribe(catchupDeliver(k), "g", func(m *nats.Msg) {
+			if m.Header.Get("Status") != "" { // an idle heartbeat
+				return
+			}
+			c.delivered <- catchupDelivery{key: k, data: string(m.Data), at: time.Now()}
+			_ = m.Ack()
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	bound := make([]bool, catchupKeys)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		done := true
+		for k := range catchupKeys {
+			if !bound[k] {
+				info := c.info(k)
+				bound[k] = info != nil && info.PushBound && info.Cluster != nil && info.Cluster.Leader == c.xName
+				done = done && bound[k]
+			}
+		}
+		return done
+	}, "the key consumers, led by %s, not all bound: %v", c.xName, func() []bool { return bound })
+	if strings.Contains(c.cl.nodes[c.x].Log(), catchupCompleteLine) {
+		t.Fatalf("%s's catch-up was over before every key consumer led by it was bound (%v after its restart): no scene; more fillers?",
+			c.xName, time.Since(restarted).Round(time.Millisecond))
+	}
+	t.Logf("every key consumer bound on %s, %v after its restart, its catch-up still running", c.xName, time.Since(restarted).Round(time.Millisecond))
+
+	testutil.Eventually(t, time.Minute, func() bool { return strings.Contains(c.cl.nodes[c.x].Log(), catchupCompleteLine) },
+		"%s logged no end of a catch-up of the stream (did the stream's leader not snapshot its log after the keys' messages?)", c.xName)
+	c.caughtUp = time.Now()
+	line := c.cl.nodes[c.x].Log()
+	line = line[strings.Index(line, catchupCompleteLine):]
+	t.Logf("%v after its restart, %s logs: %s", c.caughtUp.Sub(restarted).Round(time.Millisecond), c.xName, line[:strings.IndexByte(line, '\n')])
+	return c
+}
+
+// info is key consumer k's info, from its leader (nil without an answer).
+func (c *catchupCase) info(k int) *jetstream.ConsumerInfo {
+	m, err := c.nc.Request("$JS.API.CONSUMER.INFO."+catchupStream+"."+catchupConsumer(k), nil, 500*time.Millisecond)
+	if err != nil {
+		return nil
+	}
+	var resp struct {
+		jetstream.ConsumerInfo
+		Error *jetstream.APIError `json:"error"`
+	}
+	if json.Unmarshal(m.Data, &resp) != nil || resp.Error != nil {
+		return nil
+	}
+	return &resp.ConsumerInfo
+}
+
+func catchupConsumer(k int) string { return "key" + strconv.Itoa(k) }
+func catchupSubject(k int) string  { return "catchup.k" + strconv.Itoa(k) }
+func catchupDeliver(k int) string  { return "catchupdeliver." + strconv.Itoa(k) }
+
+// TestRawJetStreamCaughtUpMessageNotDelivered: a key consumer (push, R3,
+// AckExplicit, MaxAckPending 1, a deliver group) whose leader is on a
+// node still catching up its replica of the stream does not deliver a
+// message the catch-up stores: nats-server (2.15.2) stores caught-up
+// messages without signalling the consumers (jetstream_cluster.go
+// processCatchupMsg, StoreRawMsg; processJetStreamMsg, stream.go, pushes
+// the signal to sigq), and the consumer's loop (consumer.go
+// loopAndGatherMsgs), which found nothing to deliver when it started or
+// when its subscription came, waits for a signal; the catch-up's end
+// (processSnapshot) updates num_pending and signals nothing either. The
+// message stays undelivered (num_pending 1, num_ack_pending 0,
+// push_bound) until the key's next message is stored, through the
+// stream's log, and signals. The scene (startCatchupCase) moves 20 key
+// consumers' leaders onto the node during a catch-up slowed to one
+// message in flight (max_outstanding_catchup).
+func TestRawJetStreamCaughtUpMessageNotDelivered(t *testing.T) {
+	c := startCatchupCase(t, 0)
+	got := make([][]string, catchupKeys)
+	deadline := time.After(catchupWait)
+	for waiting := true; waiting; {
+		select {
+		case d := <-c.delivered:
+			got[d.key] = append(got[d.key], d.data)
+			t.Logf("k%d: %q delivered %v after the catch-up", d.key, d.data, d.at.Sub(c.caughtUp).Round(time.Millisecond))
+		case <-deadline:
+			waiting = false
+		}
+	}
+	var stuck []int
+	for k := range catchupKeys {
+		if len(got[k]) > 0 {
+			continue
+		}
+		info := c.info(k)
+		if info == nil || info.Cluster == nil {
+			t.Errorf("k%d: no delivery in %v, and no consumer info", k, catchupWait)
+			continue
+		}
+		if info.Cluster.Leader != c.xName || info.NumPending < 1 || info.NumAckPending != 0 || !info.PushBound {
+			t.Errorf("k%d: no delivery in %v; leader %s, num_pending %d, num_ack_pending %d, push_bound %v", k, catchupWait,
+				info.Cluster.Leader, info.NumPending, info.NumAckPending, info.PushBound)
+			continue
+		}
+		stuck = append(stuck, k)
+	}
+	t.Logf("%d of %d key consumers led by %s have not delivered their key's message %v after %s caught up (num_pending 1, num_ack_pending 0, push_bound); %d did",
+		len(stuck), catchupKeys, c.xName, catchupWait, c.xName, catchupKeys-len(stuck))
+	if len(stuck) == 0 {
+		t.Fatalf("every key consumer delivered its key's caught-up message within %v", catchupWait)
+	}
+
+	// The key's next message, stored through the stream's log, wakes the
+	// consumer: the first message, then the second.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	published := time.Now()
+	for _, k := range stuck {
+		if _, err := c.js.Publish(ctx, catchupSubject(k), fmt.Appendf(nil, "k%d 2", k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline = time.After(10 * time.Second)
+	for waiting := true; waiting; {
+		select {
+		case d := <-c.delivered:
+			got[d.key] = append(got[d.key], d.data)
+		case <-deadline:
+			waiting = false
+		}
+		waiting = waiting && slices.ContainsFunc(stuck, func(k int) bool { return len(got[k]) < 2 })
+	}
+	for _, k := range stuck {
+		if want := []string{fmt.Sprintf("k%d 1", k), fmt.Sprintf("k%d 2", k)}; !slices.Equal(got[k], want) {
+			t.Errorf("k%d: after its next message, delivered %q, want %q", k, got[k], want)
+		}
+	}
+	t.Logf("the stuck keys' next messages published: both messages delivered within %v", time.Since(published).Round(time.Millisecond))
+}
+
+// TestRawJetStreamCaughtUpMessageHeartbeatControl: the same scene with
+// key consumers with a 2 s idle heartbeat: the heartbeat's timer wakes the
+// consumer's loop (loopAndGatherMsgs, case <-hbc), which looks for a
+// message again and delivers the caught-up one within a heartbeat.
+func TestRawJetStreamCaughtUpMessageHeartbeatControl(t *testing.T) {
+	const hb = 2 * time.Second
+	c := startCatchupCase(t, hb)
+	got := make([]string, catchupKeys)
+	var delays []time.Duration
+	deadline := time.After(hb + 3*time.Second)
+	for n := 0; n < catchupKeys; {
+		select {
+		case d := <-c.delivered:
+			if got[d.key] != "" {
+				t.Fatalf("k%d: %q delivered after %q", d.key, d.data, got[d.key])
+			}
+			got[d.key] = d.data
+			delays = append(delays, d.at.Sub(c.caughtUp))
+			n++
+		case <-deadline:
+			t.Fatalf("%v after %s caught up, with a %v idle heartbeat, only %d of %d keys' messages delivered: %q", hb+3*time.Second, c.xName, hb, n, catchupKeys, got)
+		}
+	}
+	slices.Sort(delays)
+	t.Logf("every key's message delivered, from %v to %v after %s caught up", delays[0].Round(time.Millisecond), delays[len(delays)-1].Round(time.Millisecond), c.xName)
 }
