@@ -116,8 +116,10 @@
 //
 // Stale deliveries. On a cluster, a paused server or a cut-off receiver
 // can leave a delivery in flight past its ack deadline while the consumer
-// delivers the message again elsewhere. A receiver hands a redelivery (or
-// a delivery of a message stored nearly an ack deadline ago) to a handler
+// delivers the message again elsewhere, and a consumer leader deposed by a
+// partition may send a copy it had queued when the partition heals. A
+// receiver hands a redelivery (or a delivery of a message stored nearly an
+// ack deadline ago, on a cluster 2.5 s ago) to a handler
 // only if the key consumer still counts it as its latest, unacked, and,
 // for a redelivery, once the other receivers say they do not hold the
 // message; each of them then drops the earlier delivery should it come

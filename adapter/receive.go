@@ -576,12 +576,28 @@ func (r *receiver) onMsg(m *nats.Msg) {
 // transit at least until the server redelivered the message, an ack
 // deadline after sending it (a paused server holds what it was passing on
 // for as long as it is paused); a tenth of it is left for the servers'
-// and this host's clocks to differ. Asking costs a round trip to the
-// consumer's leader, which a key catching up on a backlog would pay for
-// every message if younger ones were asked about too.
+// and this host's clocks to differ.
+//
+// On a cluster a stale first delivery can also come sooner: a consumer
+// leader cut off by a partition that, at the heal, sends a copy it had
+// queued before the majority elected another leader, which delivered the
+// message meanwhile (RELIABILITY.md, "A deposed consumer leader does not
+// deliver"). Its message was stored before the partition, and a majority
+// elects no leader in under nats-server's shortest election timeout (4 s),
+// so such a copy is older than that: messages older than clusterStaleAge
+// are asked about (1.5 s left for clocks). Asking costs a round trip to
+// the consumer's leader, which a key catching up on a backlog pays for
+// each of its messages older than that.
 func (r *receiver) staleCheckAge() time.Duration {
-	return r.rec.ackDeadline() * 9 / 10
+	age := r.rec.ackDeadline() * 9 / 10
+	if r.c.nc.ConnectedClusterName() != "" {
+		age = min(age, clusterStaleAge)
+	}
+	return age
 }
+
+// clusterStaleAge is staleCheckAge's bound on a cluster.
+const clusterStaleAge = 2500 * time.Millisecond
 
 // keyDeliveryDue reports whether m, a key consumer's delivery that is a
 // redelivery or of a message stored a while ago, is to be delivered:
