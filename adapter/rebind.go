@@ -31,9 +31,10 @@ import (
 // down, and the leader elected reads the interest afresh. A consumer of
 // one replica has no other leader: it is logged.
 
-// bindCheckInterval is how often the lease holder lists the key
-// consumers for watchBinding, per bindCheckPage consumers: a consumer
-// left unbound delivers again within about three intervals.
+// bindCheckInterval is how often the lease holder lists the stream's
+// consumers for watchBinding, per bindCheckPage of them (a listing is a
+// page of infos each): a consumer left unbound delivers again within
+// about three intervals.
 const (
 	bindCheckInterval = 2 * time.Second
 	bindCheckPage     = 256
@@ -99,12 +100,12 @@ func (o *discoverer) watchBinding(ctx context.Context) {
 		}
 		lctx, cancel := context.WithTimeout(ctx, o.c.cfg.apiTimeout)
 		lister := o.stream.ListConsumers(lctx)
-		n := 0
+		n := 0 // every consumer of the stream is listed, other subscriptions' too
 		for info := range lister.Info() {
+			n++
 			if !strings.HasPrefix(info.Name, prefix) {
 				continue
 			}
-			n++
 			if w.observe(info, time.Now()) {
 				o.rebind(ctx, info)
 			}
