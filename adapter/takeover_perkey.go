@@ -285,6 +285,7 @@ func (o *discoverer) watchMembers(ctx context.Context) {
 			if id == o.r.presence.id || !o.r.presence.gone(ctx, id) {
 				continue
 			}
+			o.c.cfg.logger.Debug("member gone: sweeping for its messages", "subscription", o.rec.ID, "member", id)
 			// Only one sweeper removes the record it read.
 			if err := o.members.Delete(ctx, prefix+id, jetstream.LastRevision(rev)); err != nil {
 				continue
@@ -333,10 +334,14 @@ func (o *discoverer) sweep(ctx context.Context, dead string) bool {
 		mu.Lock()
 		paused = append(paused, name)
 		mu.Unlock()
-		info, err := o.consumerInfo(cctx, name)
-		// Paused must show in the info itself (retire says why). With
-		// MaxAckPending 1 the message unacked is the last one delivered.
-		if err != nil || !info.Paused || info.NumAckPending == 0 || info.Delivered.Stream <= info.AckFloor.Stream {
+		info, err := o.pausedInfo(cctx, name)
+		// With MaxAckPending 1 the message unacked is the last one
+		// delivered.
+		if err != nil || info.NumAckPending == 0 || info.Delivered.Stream <= info.AckFloor.Stream {
+			return nil
+		}
+		if !info.Paused {
+			o.c.cfg.logger.Debug("sweep: key consumer not shown paused; its message is left to its ack deadline", "subscription", o.rec.ID, "consumer", name)
 			return nil
 		}
 		mu.Lock()
@@ -350,6 +355,7 @@ func (o *discoverer) sweep(ctx context.Context, dead string) bool {
 			return nil
 		})
 	}()
+	o.c.cfg.logger.Debug("sweep", "subscription", o.rec.ID, "dead", dead, "busy", len(busy), "paused", len(paused), "checks", len(checks))
 	if len(checks) == 0 {
 		return true
 	}
@@ -381,6 +387,23 @@ func (o *discoverer) sweep(ctx context.Context, dead string) bool {
 			"subscription", o.rec.ID, "receiver", dead, "messages", nacked)
 	}
 	return true
+}
+
+// pausedInfo is a key consumer's info once it shows the consumer paused:
+// in a cluster the pause is answered before the consumer's leader has
+// applied it (retire), and the info is asked again a few times.
+func (o *discoverer) pausedInfo(ctx context.Context, name string) (*jetstream.ConsumerInfo, error) {
+	for try := 0; ; try++ {
+		info, err := o.consumerInfo(ctx, name)
+		if err != nil || info.Paused || try == 5 {
+			return info, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // holdCheckBatch bounds the lines of one hold-check request, well within
