@@ -54,8 +54,65 @@ type chaosCluster struct {
 // newChaosCluster starts the three nodes and waits for their JetStream;
 // jsOpts are further settings of each node's jetstream block (e.g.
 // "max_outstanding_catchup: 1").
+//
+// A cluster that cannot place a three-replica stream within 30 s is
+// started again on new ports, up to three times: a port taken between
+// FreeAddr and the node's bind (packages run side by side) leaves a node
+// that exits at once, and the other two answer but never place R3 ("no
+// suitable peers for placement").
 func newChaosCluster(t *testing.T, jsOpts ...string) *chaosCluster {
-	c := &chaosCluster{t: t, bin: itest.BuildNATSServer(t), nodes: make([]*itest.Process, 3)}
+	bin := itest.BuildNATSServer(t)
+	for attempt := 1; ; attempt++ {
+		c := startChaosCluster(t, bin, jsOpts)
+		err := c.placesR3()
+		if err == nil {
+			return c
+		}
+		var logs strings.Builder
+		for i, n := range c.nodes {
+			select {
+			case <-n.Exited():
+				fmt.Fprintf(&logs, "node c%d exited (%d):\n%s\n", i, n.ExitCode(), itest.LastLines(n.Log(), 10))
+			default:
+			}
+			n.Kill()
+		}
+		if attempt == 3 {
+			t.Fatalf("the chaos cluster placed no three-replica stream in three starts: %v\n%s", err, logs.String())
+		}
+		t.Logf("the chaos cluster placed no three-replica stream (%v); starting it again on new ports\n%s", err, logs.String())
+	}
+}
+
+// placesR3 creates and deletes a three-replica stream, asking again for
+// up to 30 s while the cluster forms.
+func (c *chaosCluster) placesR3() error {
+	nc, err := nats.Connect(strings.Join(c.clientURLs, ","), nats.MaxReconnects(-1))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLACEMENT_PROBE", Subjects: []string{"placement.probe"}, Replicas: 3, Storage: jetstream.MemoryStorage})
+		if err == nil {
+			err = js.DeleteStream(ctx, "PLACEMENT_PROBE")
+		}
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(250 * time.Millisecond) // before asking again
+	}
+}
+
+func startChaosCluster(t *testing.T, bin string, jsOpts []string) *chaosCluster {
+	c := &chaosCluster{t: t, bin: bin, nodes: make([]*itest.Process, 3)}
 	var clusterAddrs [3]string
 	for i := range 3 {
 		clusterAddrs[i] = itest.FreeAddr(t)

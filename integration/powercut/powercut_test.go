@@ -388,7 +388,7 @@ func powerCutRun(t *testing.T, site powerCutSite, cuts int) powerCutResult {
 			func() int { mu.Lock(); defer mu.Unlock(); return res.acked - before },
 			func() int { mu.Lock(); defer mu.Unlock(); return stampedAcked - stampedBefore },
 			func() []string { mu.Lock(); defer mu.Unlock(); return pubErrs[:min(len(pubErrs), 5)] },
-			func() string { return lastLines(p.Log(), 60) })
+			func() string { return itest.LastLines(p.Log(), 60) })
 		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond) // a random moment to cut, not synchronisation
 		site.kill()
 		res.replays += strings.Count(p.Log(), powerCutReplayed)
@@ -551,10 +551,4 @@ func powerCutReceive(t *testing.T, c *pubsub.Client, sub string, keys []string, 
 		n += len(idx)
 	}
 	return o.got, n
-}
-
-// lastLines is the end of a process's log, for a failure message.
-func lastLines(log string, n int) string {
-	lines := strings.Split(strings.TrimRight(log, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

@@ -95,6 +95,13 @@ func WaitClusterJetStream(t testing.TB, urls string) {
 	}, "the cluster's JetStream did not answer")
 }
 
+// LastLines is the end of a process's log, its last n lines, for a
+// failure message.
+func LastLines(log string, n int) string {
+	lines := strings.Split(strings.TrimRight(log, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
 // Percentiles describes d (sorted in place) by its median, 95th
 // percentile and maximum.
 func Percentiles(d []time.Duration) string {
