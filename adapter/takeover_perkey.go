@@ -285,11 +285,11 @@ func (o *discoverer) watchMembers(ctx context.Context) {
 			if id == o.r.presence.id || !o.r.presence.gone(ctx, id) {
 				continue
 			}
-			o.c.cfg.logger.Debug("member gone: sweeping for its messages", "subscription", o.rec.ID, "member", id)
 			// Only one sweeper removes the record it read.
 			if err := o.members.Delete(ctx, prefix+id, jetstream.LastRevision(rev)); err != nil {
 				continue
 			}
+			o.c.cfg.logger.Debug("member gone: sweeping for its messages", "subscription", o.rec.ID, "member", id)
 			delete(members, id)
 			o.sweep(ctx, id)
 		}

@@ -167,12 +167,7 @@ func backlogReport(nc *nats.Conn, scs []*itest.Sidecar, chk *ordercheck.Checker,
 			}
 			if len(named) < 8 {
 				named = append(named, info.Name)
-				leader := ""
-				if info.Cluster != nil {
-					leader = info.Cluster.Leader
-				}
-				fmt.Fprintf(&b, "behind (%d acked): consumer %s leader %s delivered %+v ack floor %+v pending %d ack pending %d redelivered %d paused %v push bound %v\n",
-					acked, info.Name, leader, info.Delivered, info.AckFloor, info.NumPending, info.NumAckPending, info.NumRedelivered, info.Paused, info.PushBound)
+				fmt.Fprintf(&b, "behind (%d acked): consumer %s %s\n", acked, info.Name, consumerState(info))
 			}
 		}
 		fmt.Fprintf(&b, "stream %s: %d consumers, %d paused, %d with a message unacked, %d with messages pending and none unacked; %d keys behind\n",

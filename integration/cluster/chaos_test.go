@@ -96,19 +96,16 @@ func (c *chaosCluster) placesR3() error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testutil.Poll(30*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLACEMENT_PROBE", Subjects: []string{"placement.probe"}, Replicas: 3, Storage: jetstream.MemoryStorage})
 		if err == nil {
 			err = js.DeleteStream(ctx, "PLACEMENT_PROBE")
 		}
-		cancel()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(250 * time.Millisecond) // before asking again
-	}
+		return err == nil
+	})
+	return err
 }
 
 func startChaosCluster(t *testing.T, bin string, jsOpts []string) *chaosCluster {
@@ -1002,9 +999,12 @@ func (r *clusterChaosRun) sidecarStates() string {
 	var b strings.Builder
 	for n, sc := range r.scs {
 		fmt.Fprintf(&b, "sidecar-%d:", n)
-		if sub, err := clusterSubStatus(sc, 5*time.Second); err != nil {
+		switch sub, err := clusterSubStatus(sc, 5*time.Second); {
+		case err != nil:
 			fmt.Fprintf(&b, " status: %v\n", err)
-		} else {
+		case sub == nil:
+			b.WriteString(" status: the subscription is not there\n")
+		default:
 			out := map[string]any{}
 			for _, f := range []string{"partitions", "receiving", "streams", "outstanding", "keys_in_flight", "partitions_owned", "partition_buffered", "unacked", "max_delivery_attempt"} {
 				out[f] = sub[f]
@@ -1076,14 +1076,20 @@ func (r *clusterChaosRun) whereIs(k, i int) (string, []uint64) {
 		fmt.Fprintf(&b, "none of k%d's messages %d to %d is in the stream\n", k, i, i+2)
 	}
 	for name := range s.ListConsumers(ctx).Info() {
-		leader := ""
-		if name.Cluster != nil {
-			leader = name.Cluster.Leader
-		}
-		fmt.Fprintf(&b, "consumer %s filter %s leader %s: delivered %+v ack floor %+v pending %d ack pending %d waiting %d push bound %v paused %v\n",
-			name.Name, name.Config.FilterSubject, leader, name.Delivered, name.AckFloor, name.NumPending, name.NumAckPending, name.NumWaiting, name.PushBound, name.Paused)
+		fmt.Fprintf(&b, "consumer %s filter %s: %s\n", name.Name, name.Config.FilterSubject, consumerState(name))
 	}
 	return b.String(), seqs
+}
+
+// consumerState is what a failure report says of a consumer's state on
+// the server: its leader, positions, and whether it delivers.
+func consumerState(info *jetstream.ConsumerInfo) string {
+	leader := ""
+	if info.Cluster != nil {
+		leader = info.Cluster.Leader
+	}
+	return fmt.Sprintf("leader %s delivered %+v ack floor %+v pending %d ack pending %d redelivered %d waiting %d push bound %v paused %v",
+		leader, info.Delivered, info.AckFloor, info.NumPending, info.NumAckPending, info.NumRedelivered, info.NumWaiting, info.PushBound, info.Paused)
 }
 
 // logLinesAbout is every sidecar's log lines (those of its killed
