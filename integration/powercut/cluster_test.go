@@ -42,20 +42,18 @@ func TestPowerCutClusterLazyLosesMessages(t *testing.T) {
 
 // powerCutCluster is three nats-server processes and the sidecar.
 type powerCutCluster struct {
-	bin, serverBin     string
-	dataDir            string // the sidecar's, unused with --nats-url
-	confs              []string
-	mounts             []*powercut.FS
-	clientURLs         []string
-	servers            []*itest.Process
-	p                  *itest.Sidecar
-	grpcAddr, httpAddr string
+	bin, serverBin string
+	dataDir        string // the sidecar's, unused with --nats-url
+	confs          []string
+	mounts         []*powercut.FS
+	clientURLs     []string
+	servers        []*itest.Process
+	p              *itest.Sidecar
 }
 
 func newPowerCutCluster(t *testing.T, syncAlways bool) *powerCutCluster {
 	needFUSE(t)
-	c := &powerCutCluster{bin: itest.BuildSidecar(t), serverBin: itest.BuildNATSServer(t), dataDir: t.TempDir(),
-		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
+	c := &powerCutCluster{bin: itest.BuildSidecar(t), serverBin: itest.BuildNATSServer(t), dataDir: t.TempDir()}
 	const n = 3
 	routes := make([]string, n)
 	clusterAddrs := make([]string, n)
@@ -93,8 +91,8 @@ func (c *powerCutCluster) start(t *testing.T) *itest.Sidecar {
 	}
 	urls := strings.Join(c.clientURLs, ",")
 	itest.WaitClusterJetStream(t, urls)
-	c.p = itest.Start(t, sidecar.Config{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataDir: c.dataDir, NATSURL: urls, Replicas: 3}, itest.Binary(c.bin))
-	c.grpcAddr, c.httpAddr = c.p.GRPC, c.p.HTTP
+	// On new ports each round, as powerCutNode.start.
+	c.p = itest.Start(t, sidecar.Config{DataDir: c.dataDir, NATSURL: urls, Replicas: 3}, itest.Binary(c.bin))
 	return c.p
 }
 

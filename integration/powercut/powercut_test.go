@@ -165,9 +165,8 @@ func (n *powerCutNode) start(t *testing.T) *itest.Sidecar {
 	if n.p == nil && n.first != "" {
 		cfg.Sync = n.first
 	}
-	if n.p != nil { // on the same ports, for the clients of the last round
-		cfg.GRPCAddr, cfg.HTTPAddr = n.p.GRPC, n.p.HTTP
-	}
+	// On new ports each round: every round makes its own client, and a
+	// port given up at the cut may be taken by then by another process.
 	n.p = itest.Start(t, cfg, itest.Binary(n.bin))
 	return n.p
 }

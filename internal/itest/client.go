@@ -3,7 +3,6 @@ package itest
 import (
 	"context"
 	"crypto/tls"
-	"net"
 	"testing"
 	"time"
 
@@ -128,16 +127,4 @@ func (s *Sidecar) JetStream(opts ...nats.Option) jetstream.JetStream {
 		s.t.Fatal(err)
 	}
 	return js
-}
-
-// FreeAddr is a loopback host:port free now, for a server that must come
-// back on the same port after a restart.
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }

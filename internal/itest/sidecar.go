@@ -111,11 +111,13 @@ func StartErr(t testing.TB, cfg sidecar.Config, opts ...Option) (*Sidecar, error
 	if o.tls != nil {
 		cfg.TLSCert, cfg.TLSKey = o.tls.ServerCert, o.tls.ServerKey
 	}
+	// Ports below the ephemeral range, which Restart can bind again (see
+	// FreeAddr).
 	if cfg.GRPCAddr == "" {
-		cfg.GRPCAddr = "127.0.0.1:0"
+		cfg.GRPCAddr = FreeAddr(t)
 	}
 	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = "127.0.0.1:0"
+		cfg.HTTPAddr = FreeAddr(t)
 	}
 	if cfg.DataDir == "" {
 		cfg.DataDir = t.TempDir()
