@@ -2,12 +2,14 @@ package adapter
 
 import (
 	"context"
+	"errors"
 	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -228,6 +230,9 @@ func (m *partitionedMode) watchMembers(w *lastingWatch) {
 	}()
 	t := time.NewTicker(balanceInterval)
 	defer t.Stop()
+	// The first check at once: a receiver started in place of one that
+	// died finds its predecessor gone a tick sooner.
+	checkNow := time.After(0)
 	reconnects := m.r.c.nc.Stats().Reconnects
 	goneOnce := map[string]bool{} // members found gone at the last check
 	var renewed map[string]uint64 // the records a renewed watch has sent so far
@@ -269,6 +274,8 @@ func (m *partitionedMode) watchMembers(w *lastingWatch) {
 		case <-m.rebalance:
 			m.follow(m.assignment())
 			continue
+		case <-checkNow:
+			checkNow = nil
 		case <-t.C:
 		case <-m.stopped:
 			return
@@ -281,19 +288,31 @@ func (m *partitionedMode) watchMembers(w *lastingWatch) {
 				reconnects, m.unrecorded = n, false
 			}
 		}
+		graced := m.r.presence.reconnectedLately()
 		for id, rev := range m.members {
 			if id == m.rid() {
 				continue
 			}
-			if !m.gone(ctx, id) {
+			// Gone at two checks in a row (a second apart), the first
+			// outside reconnectGrace: its record goes, for the others
+			// too; only the first to read it deletes it. Within the grace
+			// an unanswered member may be reconnecting too, so it starts
+			// no count; but one found gone before this receiver's
+			// reconnect is done with at its next unanswered check, as
+			// ownerFoundGone does with owners: otherwise a NATS restart
+			// within a second or two of a receiver's death left that
+			// receiver's partitions to nobody for the grace and two
+			// checks more (7 s).
+			switch err := m.r.presence.ping(ctx, id); {
+			case err == nil: // there
 				delete(goneOnce, id)
 				continue
-			}
-			// Gone at two checks in a row (a second apart): its record
-			// goes, for the others too; only the first to read it
-			// deletes it.
-			if !goneOnce[id] {
-				goneOnce[id] = true
+			case !errors.Is(err, nats.ErrNoResponders):
+				continue // not told (a timeout, this connection down): the count stands
+			case !goneOnce[id]:
+				if !graced {
+					goneOnce[id] = true
+				}
 				continue
 			}
 			delete(goneOnce, id)

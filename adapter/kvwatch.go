@@ -42,12 +42,37 @@ func (l *lastingWatch) updates() <-chan jetstream.KeyValueEntry { return l.w.Upd
 // sends every value there now again, then nil: what its user kept from
 // the old one may hold keys deleted since, which no delete will report.
 func (l *lastingWatch) renew(done <-chan struct{}, onErr func(error)) bool {
-	delay := renewWatchMin
+	return l.watchUntil(done, onErr, renewWatchMin)
+}
+
+// watchLastingUntil starts a lasting watch of pattern in kv, trying again
+// as renew does until it succeeds or done is closed (then it returns nil).
+// A watch that could not start at first (its bucket's leader being
+// elected, or out of reach through a partition) would otherwise leave its
+// user blind for good: a receiver whose owner records went unwatched kept
+// an assignment of the partitions that no other receiver shared, and a
+// partition nobody pulled.
+func watchLastingUntil(done <-chan struct{}, kv jetstream.KeyValue, pattern string, onErr func(error), opts ...jetstream.WatchOpt) *lastingWatch {
+	l := &lastingWatch{kv: kv, pattern: pattern, opts: opts}
+	if !l.watchUntil(done, onErr, 0) {
+		return nil
+	}
+	return l
+}
+
+// watchUntil sets l.w to a new watcher, the first attempt after delay;
+// false if done was closed first.
+func (l *lastingWatch) watchUntil(done <-chan struct{}, onErr func(error), delay time.Duration) bool {
 	for {
 		select {
 		case <-done:
 			return false
 		case <-time.After(delay):
+		}
+		select { // done before the timer, when both are ready
+		case <-done:
+			return false
+		default:
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() {
@@ -66,7 +91,7 @@ func (l *lastingWatch) renew(done <-chan struct{}, onErr func(error)) bool {
 		}
 		cancel()
 		onErr(err)
-		delay = min(2*delay, renewWatchMax)
+		delay = min(max(2*delay, renewWatchMin), renewWatchMax)
 	}
 }
 

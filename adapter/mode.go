@@ -86,11 +86,8 @@ func (m *perKeyMode) start(ctx context.Context) error {
 	o.members = m.members
 	m.done.Go(func() { o.run(octx) })
 	// Started with Receive, so that it has read the records by the time
-	// redeliveries come; until then (or without it) they are listed when
-	// needed.
-	if w, err := watchLasting(octx, m.members, m.r.sub.memberPrefix()+"*"); err == nil {
-		m.done.Go(func() { m.watchPeers(octx, w) })
-	}
+	// redeliveries come; until then they are listed when needed.
+	m.done.Go(func() { m.watchPeers(octx) })
 	return nil
 }
 

@@ -75,10 +75,22 @@ func (p *presence) gone(ctx context.Context, id string) bool {
 	if id == p.id || p.reconnectedLately() {
 		return false
 	}
+	return errors.Is(p.ping(ctx, id), nats.ErrNoResponders)
+}
+
+// ping asks the receiver id whether it is there, whatever this receiver's
+// own connection did lately (which its caller weighs): nil when it
+// answered, nats.ErrNoResponders when the server has no subscription for
+// its presence subject, and any other error when neither could be told (a
+// timeout, this connection down).
+func (p *presence) ping(ctx context.Context, id string) error {
+	if id == p.id {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	_, err := p.nc.RequestWithContext(ctx, presenceRoot+id, nil)
-	return errors.Is(err, nats.ErrNoResponders)
+	return err
 }
 
 // ask sends req to the receiver id and returns its answer; gone is true

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -73,9 +74,9 @@ func (m *partitionedMode) openOwners(ctx context.Context) error {
 // rid is this receiver's presence id, which its owner records name.
 func (m *partitionedMode) rid() string { return m.r.presence.id }
 
-// gone reports whether the receiver rid is certainly gone (presence.gone).
-func (m *partitionedMode) gone(ctx context.Context, rid string) bool {
-	return m.r.presence.gone(ctx, rid)
+// ping asks whether the receiver rid is there (presence.ping).
+func (m *partitionedMode) ping(ctx context.Context, rid string) error {
+	return m.r.presence.ping(ctx, rid)
 }
 
 // recordedOwner reads partition p's owner record. found is false, with no
@@ -190,9 +191,10 @@ func (m *partitionedMode) watchOwners() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	prefix := m.ownerPrefix()
-	w, err := watchLasting(ctx, m.owners, prefix+"*", jetstream.IgnoreDeletes())
-	if err != nil {
-		m.r.c.cfg.logger.Warn("owner records not watched: a dead owner's partitions wait for their pin's TTL and ack deadlines", "subscription", m.r.sub.id, "err", err)
+	w := watchLastingUntil(m.stopped, m.owners, prefix+"*", func(err error) {
+		m.r.c.cfg.logger.Warn("owner records not watched; trying again", "subscription", m.r.sub.id, "err", err)
+	}, jetstream.IgnoreDeletes())
+	if w == nil {
 		return
 	}
 	defer func() { w.stop() }()
@@ -251,7 +253,7 @@ func (m *partitionedMode) watchOwners() {
 		for i := range lostAcks {
 			takes.Go(func() { recovered[i] = m.parts[i].recoverLostAcks(ctx) })
 		}
-		gone := make(map[string]bool)
+		answers := make(map[string]error) // each owner asked once: presence.ping's answer
 		now := time.Now()
 		for _, p := range m.parts {
 			rec, ok := records[p.index]
@@ -271,12 +273,12 @@ func (m *partitionedMode) watchOwners() {
 				}
 				continue
 			}
-			g, asked := gone[rec.receiver]
+			answer, asked := answers[rec.receiver]
 			if !asked {
-				g = m.gone(ctx, rec.receiver)
-				gone[rec.receiver] = g
+				answer = m.ping(ctx, rec.receiver)
+				answers[rec.receiver] = answer
 			}
-			if m.ownerFoundGone(p.index, rec, g) {
+			if m.ownerFoundGone(p.index, rec, answer) {
 				takes.Go(func() { p.takeFromGone(rec) })
 			}
 		}
@@ -296,35 +298,37 @@ const quietLook = 3 * time.Second
 // ownerGone reports whether rec, partition i's recorded owner (another
 // receiver), is to be taken for gone (ownerFoundGone).
 func (m *partitionedMode) ownerGone(ctx context.Context, i int, rec ownerRecord) bool {
-	return m.ownerFoundGone(i, rec, m.gone(ctx, rec.receiver))
+	return m.ownerFoundGone(i, rec, m.ping(ctx, rec.receiver))
 }
 
 // ownerFoundGone decides whether partition i's recorded owner rec is gone,
-// given what its presence said now (gone: no responder, outside
-// reconnectGrace), and remembers an owner found gone. Within reconnectGrace
-// presence proves nothing, but an owner found gone before that reconnect
-// is still taken for gone while its record is unchanged: its partition was
+// given what its presence answered now (presence.ping), and remembers an
+// owner found gone: unanswered (no subscription) outside reconnectGrace.
+// An owner that answered is not gone, and what was found before no longer
+// holds. Otherwise (within the grace, where presence proves nothing, or not
+// told: a timeout, this connection down) an owner found gone before is
+// still taken for gone while its record is unchanged: its partition was
 // being taken over (unpinned, its messages nacked, perhaps into the
 // connection that broke), and one that came back and took the partition
 // anew would have recorded a new pin. Without this, a NATS server crash
-// during a take-over made the partition wait reconnectGrace and more.
-func (m *partitionedMode) ownerFoundGone(i int, rec ownerRecord, gone bool) bool {
+// during a take-over made the partition wait reconnectGrace and more (and
+// a look while the connection was down, which could ask nobody, forgot
+// what was found).
+func (m *partitionedMode) ownerFoundGone(i int, rec ownerRecord, answer error) bool {
 	m.goneMu.Lock()
 	defer m.goneMu.Unlock()
 	switch {
-	case gone:
+	case answer == nil:
+		delete(m.goneOwners, i)
+		return false
+	case errors.Is(answer, nats.ErrNoResponders) && !m.r.presence.reconnectedLately():
 		if m.goneOwners == nil {
 			m.goneOwners = make(map[int]ownerRecord)
 		}
 		m.goneOwners[i] = rec
 		return true
-	case m.r.presence.reconnectedLately():
-		return m.goneOwners[i] == rec
 	default:
-		// It answered, or may have: whatever was found before no longer
-		// holds.
-		delete(m.goneOwners, i)
-		return false
+		return m.goneOwners[i] == rec
 	}
 }
 

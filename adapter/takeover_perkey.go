@@ -237,9 +237,8 @@ const memberCheckInterval = 500 * time.Millisecond
 // lease is found at once, from the watch's initial values.
 func (o *discoverer) watchMembers(ctx context.Context) {
 	prefix := o.r.sub.memberPrefix()
-	w, err := watchLasting(ctx, o.members, prefix+"*")
-	if err != nil {
-		o.warn("members not watched: a dead receiver's messages wait for their ack deadline", err)
+	w := watchLastingUntil(ctx.Done(), o.members, prefix+"*", func(err error) { o.warn("members not watched; trying again", err) })
+	if w == nil {
 		return
 	}
 	defer func() { w.stop() }()
@@ -471,9 +470,16 @@ func parseHoldAnswer(answer []byte) map[heldKey]bool {
 }
 
 // watchPeers keeps m.peers, the members heldElsewhere asks, from their
-// records, with w (a watch of them), until ctx ends.
-func (m *perKeyMode) watchPeers(ctx context.Context, w *lastingWatch) {
+// records, which it watches, until ctx ends.
+func (m *perKeyMode) watchPeers(ctx context.Context) {
 	prefix := m.r.sub.memberPrefix()
+	warn := func(err error) {
+		m.r.c.cfg.logger.Warn("members not watched; trying again", "subscription", m.r.sub.id, "err", err)
+	}
+	w := watchLastingUntil(ctx.Done(), m.members, prefix+"*", warn)
+	if w == nil {
+		return
+	}
 	defer func() { w.stop() }()
 	// A discoverer that took this receiver for gone (its presence subject
 	// unanswered, around a reconnect or through a partition) deleted its
@@ -493,9 +499,7 @@ func (m *perKeyMode) watchPeers(ctx context.Context, w *lastingWatch) {
 			cancel()
 		case e, ok := <-w.updates():
 			if !ok {
-				if !w.renew(ctx.Done(), func(err error) {
-					m.r.c.cfg.logger.Warn("members not watched; trying again", "subscription", m.r.sub.id, "err", err)
-				}) {
+				if !w.renew(ctx.Done(), warn) {
 					return
 				}
 				// The new watch sends every record there now: until it
