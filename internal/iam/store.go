@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"cloud.google.com/go/iam/apiv1/iampb"
 	"github.com/nats-io/nats.go/jetstream"
@@ -97,7 +98,14 @@ func openStore(ctx context.Context, js jetstream.JetStream, replicas int, log *s
 			select {
 			case e, ok := <-w.Updates():
 				if !ok {
-					return
+					// nats.go ends a watch whose consumer it could not
+					// create again (a partition, the bucket's leader
+					// lost): watched again, or policy changes made
+					// through other sidecars would never reach this one.
+					if w = s.watchAgain(wctx, kv); w == nil {
+						return
+					}
+					continue
 				}
 				if e != nil {
 					s.apply(e)
@@ -108,6 +116,27 @@ func openStore(ctx context.Context, js jetstream.JetStream, replicas int, log *s
 		}
 	}()
 	return s, nil
+}
+
+// watchAgain watches the bucket again, trying until it can or ctx ends
+// (then nil). The new watch sends every key's last entry again, delete
+// markers included, which apply takes in revision order.
+func (s *Store) watchAgain(ctx context.Context, kv jetstream.KeyValue) jetstream.KeyWatcher {
+	s.log.Warn("iam: policy watch ended; watching again", "bucket", PolicyBucket)
+	delay := 200 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		w, err := kv.WatchAll(ctx)
+		if err == nil {
+			return w
+		}
+		s.log.Warn("iam: policies not watched; trying again", "bucket", PolicyBucket, "err", err)
+		delay = min(2*delay, 5*time.Second)
+	}
 }
 
 // Close stops the watch.

@@ -1,0 +1,58 @@
+package iam
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/iam/apiv1/iampb"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/jetorder/jetorder/internal/testutil"
+)
+
+// A store whose watch nats.go ended (here: the bucket deleted under it,
+// so that its consumer cannot be created again) watches again once it
+// can, and sees a policy set through another sidecar after that: before,
+// it kept the policies it had for good.
+func TestStoreWatchesAgainAfterItsWatchEnds(t *testing.T) {
+	srv := testutil.Server(t)
+	js, err := jetstream.New(testutil.Connect(t, srv.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var logs testutil.LogBuffer
+	s, err := OpenStore(ctx, js, 1, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := js.DeleteKeyValue(ctx, PolicyBucket); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		return strings.Contains(logs.String(), "policy watch ended")
+	}, "the store's watch did not end within 60 s of its bucket's deletion; its log:\n%s", logs.String)
+
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: PolicyBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const resource = "projects/p/topics/t"
+	pol := &iampb.Policy{Bindings: []*iampb.Binding{{Role: "roles/pubsub.viewer", Members: []string{"user:a@example.com"}}}}
+	data, err := proto.Marshal(pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, policyKey(resource), data); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		got, _ := s.Get(resource)
+		return proto.Equal(got, pol)
+	}, "a policy set after the watch ended was not seen within 30 s; the store's log:\n%s", logs.String)
+}
