@@ -7,13 +7,13 @@ GO ?= go
 run:
 	$(GO) run ./cmd/sidecar --data-dir ./data --nats-listen 127.0.0.1:4222
 
-## test: vet and run every test with the race detector; the delivery tests run twice, the second time with per-key delivery, and the features and faults a third time on topics with key streams
+## test: vet and run every test with the race detector; the delivery tests run twice, the second time with per-key delivery, and the features and faults twice more on topics with key streams
 # The integration tests are several packages (integration, its power cuts,
 # its multi-process cluster, access control, Google's clients' own tests)
 # so that go test runs them side by side; the second pass takes those
-# whose subscriptions deliver. The third runs the tests of the features
-# and faults with every topic they create split over 4 key streams
-# (partitioned delivery: per-key delivery does not read key streams).
+# whose subscriptions deliver. The third and fourth run the tests of the
+# features and faults with every topic they create split over 4 key
+# streams, partitioned then per-key.
 DELIVERY_PKGS := ./integration ./integration/powercut ./integration/cluster
 KEY_STREAM_TESTS := TestKeyStreams|TestFault|TestExactlyOnce|TestParity|TestDIDComm|TestSidecarDIDComm|TestPipelined|TestPush|TestSidecarSeek|TestSeek|TestScaleOut|TestSidecarDeadLetter|TestClusterChaos
 test: browser emulator prometheus node-deps
@@ -21,7 +21,8 @@ test: browser emulator prometheus node-deps
 	$(GO) test -race -timeout 20m ./...
 	# -count=1: the test cache does not see the variables (read at package init)
 	JETORDER_TEST_DELIVERY=per-key $(GO) test -race -count=1 -timeout 20m $(DELIVERY_PKGS)
-	JETORDER_TEST_KEY_STREAMS=4 $(GO) test -race -count=1 -timeout 20m -run '$(KEY_STREAM_TESTS)' -skip '/per-key' ./integration ./integration/cluster
+	JETORDER_TEST_KEY_STREAMS=4 $(GO) test -race -count=1 -timeout 20m -run '$(KEY_STREAM_TESTS)' ./integration ./integration/cluster
+	JETORDER_TEST_KEY_STREAMS=4 JETORDER_TEST_DELIVERY=per-key $(GO) test -race -count=1 -timeout 20m -run '$(KEY_STREAM_TESTS)' ./integration ./integration/cluster
 
 ## browser: a Chromium for the status page's browser test; .ci/chromium installs Debian's chromium when none is found (as root)
 browser:

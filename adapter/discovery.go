@@ -40,9 +40,15 @@ type discoverer struct {
 	rec   *subRecord
 	lease *lease
 
-	subsKV   jetstream.KeyValue
-	members  jetstream.KeyValue // the state bucket, which holds member records
-	floorKey string
+	subsKV  jetstream.KeyValue
+	members jetstream.KeyValue // the state bucket, which holds member records
+	// streamName is the stream whose keyed messages this discoverer
+	// finds: the topic's own, or one of its key streams (each has a
+	// discoverer of its own, with its own lease and floor).
+	streamName string
+	filter     string // of its keyed messages: the stream's own subjects for a key stream
+	leaseKey   string
+	floorKey   string
 	// sweptReconnects is the connection's reconnect count when a sweep
 	// after a reconnect last succeeded (takeover_perkey.go).
 	sweptReconnects uint64
@@ -83,8 +89,42 @@ const (
 	maxNameCache   = 100_000
 )
 
-func newDiscoverer(r *receiver) *discoverer {
-	return &discoverer{r: r, c: r.c, rec: r.rec, floorKey: r.sub.floorKey(r.rec.Epoch), sweptReconnects: r.c.nc.Stats().Reconnects}
+// newDiscoverers returns the discoverers of the receiver's subscription:
+// one for its topic's stream, or one per key stream when the topic has
+// them (its own stream then holds no keyed message).
+func newDiscoverers(r *receiver) []*discoverer {
+	rec := r.rec
+	if !rec.split() {
+		return []*discoverer{r.newDiscoverer(rec.stream(), keyrouter.KeyedFilter(rec.TopicProject, rec.Topic), r.sub.kvKey(), r.sub.floorKey(rec.Epoch))}
+	}
+	var out []*discoverer
+	for _, i := range keyStreamIndexes(rec.KeyStreams) {
+		out = append(out, r.newDiscoverer(keyrouter.KeyStreamName(rec.TopicProject, rec.Topic, i), keyStreamFilter(rec, i),
+			keyStreamLeaseKey(r.sub.kvKey(), i), keyStreamFloorKey(r.sub.kvKey(), rec.Epoch, i)))
+	}
+	return out
+}
+
+func (r *receiver) newDiscoverer(stream, filter, leaseKey, floorKey string) *discoverer {
+	return &discoverer{r: r, c: r.c, rec: r.rec, streamName: stream, filter: filter, leaseKey: leaseKey, floorKey: floorKey,
+		sweptReconnects: r.c.nc.Stats().Reconnects}
+}
+
+// keyStreamFilter is the subjects of key stream i of the subscription's
+// topic: all of its messages.
+func keyStreamFilter(rec *subRecord, i int) string {
+	return keyrouter.PartitionFilter(rec.TopicProject, rec.Topic, rec.KeyStreams, i)
+}
+
+// keyStreamLeaseKey is the key of the discovery lease of key stream i of
+// the subscription whose registry key is kvKey.
+func keyStreamLeaseKey(kvKey string, i int) string { return kvKey + ".k" + strconv.Itoa(i) }
+
+// keyStreamFloorKey is the registry key of the discovery floor of key
+// stream i, of the epoch's consumers of the subscription whose registry
+// key is kvKey.
+func keyStreamFloorKey(kvKey string, epoch uint64, i int) string {
+	return floorKey(kvKey, epoch) + ".k" + strconv.Itoa(i)
 }
 
 func (o *discoverer) warn(msg string, err error) {
@@ -103,7 +143,7 @@ func (o *discoverer) run(ctx context.Context) {
 	}
 	o.subsKV = subsKV
 	reconnects := func() uint64 { return o.c.nc.Stats().Reconnects }
-	o.lease = newLease(leases, o.r.sub.kvKey(), leaseHolderPrefix+o.r.presence.id, ttl, o.c.cfg.apiTimeout, reconnects)
+	o.lease = newLease(leases, o.leaseKey, leaseHolderPrefix+o.r.presence.id, ttl, o.c.cfg.apiTimeout, reconnects)
 	for ctx.Err() == nil && !o.r.isSuperseded() {
 		cctx, cancel := context.WithTimeout(ctx, ttl/4)
 		ok, err := o.lease.acquire(cctx, func(holder string) bool {
@@ -115,7 +155,7 @@ func (o *discoverer) run(ctx context.Context) {
 			o.warn("lease check failed", err)
 		}
 		if ok {
-			o.c.cfg.logger.Info("holds the discovery lease", "subscription", o.rec.ID, "discoverer", o.lease.id)
+			o.c.cfg.logger.Info("holds the discovery lease", "subscription", o.rec.ID, "discoverer", o.lease.id, "stream", o.streamName)
 			err := o.hold(ctx)
 			o.lease.release()
 			if ctx.Err() != nil || errors.Is(err, errEpochChanged) {
@@ -164,7 +204,7 @@ func (o *discoverer) own(ctx context.Context) error {
 		return err
 	}
 	defer cancel()
-	stream, err := o.c.js.Stream(cctx, o.rec.stream())
+	stream, err := o.c.js.Stream(cctx, o.streamName)
 	if err != nil {
 		return err
 	}
@@ -183,7 +223,7 @@ func (o *discoverer) own(ctx context.Context) error {
 	o.startFloor, o.seen = o.floor, o.floor
 	o.names = make(map[string]string)
 	discovery, err := stream.OrderedConsumer(cctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{keyrouter.KeyedFilter(o.rec.TopicProject, o.rec.Topic)},
+		FilterSubjects: []string{o.filter},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    o.floor + 1,
 		HeadersOnly:    true,
@@ -432,7 +472,7 @@ func (o *discoverer) createKeyConsumer(ctx context.Context, name, subject string
 	defer cancel()
 	cfg := o.rec.consumerConfig(name, subject, start, 1)
 	cfg.IdleHeartbeat = keyConsumerHeartbeat
-	_, err = o.c.js.CreatePushConsumer(cctx, o.rec.stream(), cfg)
+	_, err = o.c.js.CreatePushConsumer(cctx, o.streamName, cfg)
 	if errors.Is(err, jetstream.ErrConsumerExists) {
 		return nil
 	}
@@ -522,7 +562,7 @@ func (o *discoverer) retire(ctx context.Context, name string, lk liveKey, floor 
 	}
 	subject := info.Config.FilterSubject
 	pauseFor := 2 * o.c.cfg.apiTimeout
-	if _, err := o.c.js.PauseConsumer(cctx, o.rec.stream(), name, time.Now().Add(pauseFor)); err != nil {
+	if _, err := o.c.js.PauseConsumer(cctx, o.streamName, name, time.Now().Add(pauseFor)); err != nil {
 		return keyBusy, 0, err
 	}
 	resume := func() { o.resume(name) }
@@ -562,7 +602,7 @@ func (o *discoverer) resume(name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), o.c.cfg.apiTimeout)
 	defer cancel()
 	for delay := 10 * time.Millisecond; delay <= 2*time.Second; delay *= 4 {
-		resp, err := o.c.js.PauseConsumer(ctx, o.rec.stream(), name, time.Now().Add(delay))
+		resp, err := o.c.js.PauseConsumer(ctx, o.streamName, name, time.Now().Add(delay))
 		if err != nil {
 			o.warn("resume key consumer failed; its pause ends by itself", fmt.Errorf("%s: %w", name, err))
 			return
@@ -630,7 +670,7 @@ func (o *discoverer) consumerInfo(ctx context.Context, name string) (*jetstream.
 
 // lastSeq is the stream sequence of the subject's last message, 0 if none.
 func (o *discoverer) lastSeq(ctx context.Context, subject string) (uint64, error) {
-	seq, err := o.c.leaderMsgSeq(ctx, o.rec.stream(), msgGetRequest{LastBySubj: subject})
+	seq, err := o.c.leaderMsgSeq(ctx, o.streamName, msgGetRequest{LastBySubj: subject})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil
 	}

@@ -81,6 +81,7 @@ type TopicState struct {
 
 	stream     string
 	keyStreams []string // the names of its key streams, none when it has none
+	keyLastSeq []uint64 // the key streams' LastSequence, as keyStreams
 }
 
 // Topics lists every topic of the account, sorted by name, with one
@@ -118,11 +119,13 @@ func (in *Inspector) Topics(ctx context.Context) ([]TopicState, error) {
 	}
 	for i := range out {
 		ts := &out[i]
-		for _, name := range ts.keyStreams {
+		ts.keyLastSeq = make([]uint64, len(ts.keyStreams))
+		for k, name := range ts.keyStreams {
 			info := keyStreamInfos[name]
 			if info == nil {
 				continue // being created or deleted
 			}
+			ts.keyLastSeq[k] = info.State.LastSeq
 			ts.Messages += info.State.Msgs
 			ts.Bytes += info.State.Bytes
 			ts.Consumers += info.State.Consumers
@@ -241,6 +244,9 @@ func (in *Inspector) Subscriptions(ctx context.Context, topics []TopicState, kno
 	lastSeq := make(map[string]uint64, len(topics))
 	for _, t := range topics {
 		lastSeq[t.stream] = t.LastSequence
+		for k, name := range t.keyStreams {
+			lastSeq[name] = t.keyLastSeq[k]
+		}
 	}
 	for _, st := range subs {
 		if err := in.readUndiscovered(ctx, st, lastSeq); err != nil {
@@ -429,19 +435,66 @@ func (in *Inspector) readUndiscovered(ctx context.Context, st *SubscriptionState
 }
 
 // undiscovered reads a per-key subscription's discovery floor, and counts
-// the keyed messages after it and returns the first of them.
+// the keyed messages after it and returns the first of them; on a topic
+// with key streams, after each key stream's floor.
 func (in *Inspector) undiscovered(ctx context.Context, st *SubscriptionState, lastSeq map[string]uint64) (uint64, *jetstream.RawStreamMsg, error) {
 	project, id, ok := parseSubscriptionName(st.Name)
 	if !ok {
 		return 0, nil, nil
 	}
-	floor, ok, err := in.floor(ctx, st.Name, keyrouter.KVKey(project, id))
+	kvKey := keyrouter.KVKey(project, id)
+	floor, ok, err := in.floor(ctx, st.Name, kvKey)
 	if err != nil || !ok {
 		return 0, nil, err
 	}
 	st.Floor, st.HasFloor = floor, true
 	t := st.Config.Topic
-	streamName := keyrouter.StreamName(t.project, t.id)
+	n, first, err := in.afterFloor(ctx, keyrouter.StreamName(t.project, t.id), floor, lastSeq, keyrouter.KeyedFilter(t.project, t.id))
+	if err != nil {
+		return 0, nil, err
+	}
+	in.mu.Lock()
+	key := cmp.Or(in.floors[st.Name], floorKey(kvKey, 0)) // where floor found it
+	in.mu.Unlock()
+	keyStreams := 0 // the topic's, as Topics found them
+	for {
+		if _, ok := lastSeq[keyrouter.KeyStreamName(t.project, t.id, keyStreams)]; !ok {
+			break
+		}
+		keyStreams++
+	}
+	for i := range keyStreams {
+		name := keyrouter.KeyStreamName(t.project, t.id, i)
+		kv, err := in.registryBucket(ctx)
+		if err != nil {
+			return 0, nil, err
+		}
+		e, err := kv.Get(ctx, key+".k"+strconv.Itoa(i))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // a partitioned or unordered subscription's: none
+		}
+		if err != nil {
+			return 0, nil, err
+		}
+		kfloor, err := strconv.ParseUint(string(e.Value()), 10, 64)
+		if err != nil {
+			continue
+		}
+		kn, kfirst, err := in.afterFloor(ctx, name, kfloor, lastSeq, keyrouter.PartitionFilter(t.project, t.id, keyStreams, i))
+		if err != nil {
+			return 0, nil, err
+		}
+		n += kn
+		if kfirst != nil && (first == nil || kfirst.Time.Before(first.Time)) {
+			first = kfirst
+		}
+	}
+	return n, first, nil
+}
+
+// afterFloor counts the messages of streamName matching filter after
+// floor, and returns the first of them.
+func (in *Inspector) afterFloor(ctx context.Context, streamName string, floor uint64, lastSeq map[string]uint64, filter string) (uint64, *jetstream.RawStreamMsg, error) {
 	if floor >= lastSeq[streamName] {
 		return 0, nil, nil // nothing stored after it (or no stream)
 	}
@@ -452,7 +505,6 @@ func (in *Inspector) undiscovered(ctx context.Context, st *SubscriptionState, la
 	if err != nil {
 		return 0, nil, err
 	}
-	filter := keyrouter.KeyedFilter(t.project, t.id)
 	c, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
 		Description: "jetorder status: messages after a discovery floor", FilterSubject: filter,
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: floor + 1, AckPolicy: jetstream.AckNonePolicy,

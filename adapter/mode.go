@@ -82,9 +82,10 @@ func (m *perKeyMode) start(ctx context.Context) error {
 	}
 	octx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m.cancel = cancel
-	o := newDiscoverer(m.r)
-	o.members = m.members
-	m.done.Go(func() { o.run(octx) })
+	for _, o := range newDiscoverers(m.r) {
+		o.members = m.members
+		m.done.Go(func() { o.run(octx) })
+	}
 	// Started with Receive, so that it has read the records by the time
 	// redeliveries come; until then they are listed when needed.
 	m.done.Go(func() { m.watchPeers(octx) })

@@ -143,7 +143,7 @@ func (o *discoverer) rebind(ctx context.Context, info *jetstream.ConsumerInfo) {
 // stepDownConsumer asks a consumer's leader to step down, so that its
 // replicas elect another.
 func (o *discoverer) stepDownConsumer(ctx context.Context, name string) error {
-	reply, err := o.c.nc.RequestWithContext(ctx, "$JS.API.CONSUMER.LEADER.STEPDOWN."+o.rec.stream()+"."+name, nil)
+	reply, err := o.c.nc.RequestWithContext(ctx, "$JS.API.CONSUMER.LEADER.STEPDOWN."+o.streamName+"."+name, nil)
 	if err != nil {
 		return err
 	}

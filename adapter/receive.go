@@ -647,7 +647,7 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 	giveUp := time.Now().Add(min(r.rec.ackDeadline()/4, 2*time.Second))
 	for {
 		ctx, cancel := context.WithTimeout(r.hctx, min(r.c.cfg.apiTimeout, r.rec.ackDeadline()/4, time.Second))
-		c, err := r.c.js.PushConsumer(ctx, r.rec.stream(), meta.Consumer)
+		c, err := r.c.js.PushConsumer(ctx, meta.Stream, meta.Consumer)
 		switch {
 		case err == nil:
 			info := c.CachedInfo()

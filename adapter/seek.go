@@ -209,9 +209,9 @@ func firstStored(ctx context.Context, stream jetstream.Stream, seq uint64) (time
 	return m.Time, nil
 }
 
-// firstUnackedKeyed is firstUnacked for each key stream of the topic of a
-// partitioned or unordered subscription (no per-key discovery there),
-// with the key streams: none for a topic without key streams.
+// firstUnackedKeyed is firstUnacked for each key stream of the
+// subscription's topic, with the key streams: none for a topic without
+// key streams.
 func (s *Subscription) firstUnackedKeyed(ctx context.Context, rec *subRecord) ([]uint64, []jetstream.Stream, error) {
 	indexes := keyStreamIndexes(rec.KeyStreams)
 	if len(indexes) == 0 {
@@ -243,6 +243,15 @@ func (s *Subscription) firstUnackedKeyed(ctx context.Context, rec *subRecord) ([
 			}
 			first = min(first, info.AckFloor.Stream+1)
 		}
+		if rec.Ordering && !rec.partitioned() {
+			// Per-key delivery: keyed messages after the stream's
+			// discovery floor may have no consumer yet (firstUnacked).
+			floor, err := s.discoveryFloor(ctx, keyStreamFloorKey(s.kvKey(), rec.Epoch, i))
+			if err != nil {
+				return nil, nil, err
+			}
+			first = min(first, s.firstUncovered(ctx, streams[i], keyStreamFilter(rec, i), rec, floor+1, infos))
+		}
 		out[i] = max(first, starts[i])
 	}
 	return out, streams, nil
@@ -258,22 +267,15 @@ func (s *Subscription) firstUnacked(ctx context.Context, rec *subRecord, stream 
 		return 0, err
 	}
 	first := stream.CachedInfo().State.LastSeq + 1
-	if rec.Ordering && !rec.partitioned() {
+	if rec.Ordering && !rec.partitioned() && !rec.split() {
 		// Keyed messages after the discovery floor may have no consumer
-		// yet: they are unacked.
-		kv, err := s.c.buckets(ctx)
+		// yet: they are unacked. (With key streams this stream holds
+		// none: firstUnackedKeyed looks at theirs.)
+		floor, err := s.discoveryFloor(ctx, s.floorKey(rec.Epoch))
 		if err != nil {
 			return 0, err
 		}
-		e, err := kv.Get(ctx, s.floorKey(rec.Epoch))
-		if err != nil {
-			return 0, fmt.Errorf("subscription %s: discovery floor: %w", s, err)
-		}
-		floor, err := strconv.ParseUint(string(e.Value()), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("subscription %s: corrupt discovery floor %q", s, e.Value())
-		}
-		first = min(first, s.firstUncovered(ctx, stream, rec, floor+1, infos))
+		first = min(first, s.firstUncovered(ctx, stream, keyrouter.KeyedFilter(rec.TopicProject, rec.Topic), rec, floor+1, infos))
 	}
 	prefix := keyrouter.SubscriptionBase(rec.Project, rec.nameID()) + "_"
 	for _, info := range infos {
@@ -286,6 +288,23 @@ func (s *Subscription) firstUnacked(ctx context.Context, rec *subRecord, stream 
 		first = min(first, info.AckFloor.Stream+1)
 	}
 	return max(first, rec.StartSeq), nil
+}
+
+// discoveryFloor reads the discovery floor stored at key.
+func (s *Subscription) discoveryFloor(ctx context.Context, key string) (uint64, error) {
+	kv, err := s.c.buckets(ctx)
+	if err != nil {
+		return 0, err
+	}
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		return 0, fmt.Errorf("subscription %s: discovery floor: %w", s, err)
+	}
+	floor, err := strconv.ParseUint(string(e.Value()), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("subscription %s: corrupt discovery floor %q", s, e.Value())
+	}
+	return floor, nil
 }
 
 // topicStream is the subscription's topic stream; ErrTopicDeleted when it
@@ -301,18 +320,17 @@ func (c *Client) topicStream(ctx context.Context, rec *subRecord) (jetstream.Str
 // maxCoverScan bounds the messages firstUncovered looks at.
 const maxCoverScan = 10_000
 
-// firstUncovered returns the first keyed message from seq on that no key
+// firstUncovered returns the first keyed message (of filter) from seq on that no key
 // consumer covers (not discovered yet: unacked), for per-key delivery. The
 // stored discovery floor is written now and then, so the messages after it
 // are mostly covered: a key's consumer that exists covers every message of
 // the key after the floor. Past maxCoverScan messages it gives up, and
 // returns where it got to (a snapshot then goes back further than needed).
-func (s *Subscription) firstUncovered(ctx context.Context, stream jetstream.Stream, rec *subRecord, seq uint64, infos []*jetstream.ConsumerInfo) uint64 {
+func (s *Subscription) firstUncovered(ctx context.Context, stream jetstream.Stream, filter string, rec *subRecord, seq uint64, infos []*jetstream.ConsumerInfo) uint64 {
 	live := make(map[string]bool, len(infos))
 	for _, info := range infos {
 		live[info.Name] = true
 	}
-	filter := keyrouter.KeyedFilter(rec.TopicProject, rec.Topic)
 	for range maxCoverScan {
 		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
 		if err != nil {
@@ -408,12 +426,25 @@ func (s *Subscription) settle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l := newLease(leases, s.kvKey(), "seek-"+uuid.NewString(), ttl, s.c.cfg.apiTimeout, nil)
+	holder := "seek-" + uuid.NewString()
+	l := newLease(leases, s.kvKey(), holder, ttl, s.c.cfg.apiTimeout, nil)
 	ok, err := l.acquire(ctx, nil)
 	if err != nil || !ok {
 		return err
 	}
 	defer l.release()
+	if !rec.partitioned() && rec.Ordering && rec.split() {
+		// Per-key delivery on key streams: each key stream's discoverer
+		// holds a lease of its own, and the settle holds them all.
+		for _, i := range keyStreamIndexes(rec.KeyStreams) {
+			kl := newLease(leases, keyStreamLeaseKey(s.kvKey(), i), holder, ttl, s.c.cfg.apiTimeout, nil)
+			ok, err := kl.acquire(ctx, nil)
+			if err != nil || !ok {
+				return err
+			}
+			defer kl.release()
+		}
+	}
 	lctx, cancel, err := l.opContext(ctx)
 	if err != nil {
 		return err
@@ -477,7 +508,7 @@ func (s *Subscription) purgeFloors(ctx context.Context, kv jetstream.KeyValue, k
 		return
 	}
 	for k := range keys.Keys() {
-		if k != except {
+		if except == "" || k != except && !strings.HasPrefix(k, except+".k") { // keep's key streams' floors too
 			_ = kv.Purge(ctx, k)
 		}
 	}

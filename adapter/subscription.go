@@ -530,16 +530,10 @@ func (c *Client) CreateSubscription(ctx context.Context, id string, cfg Subscrip
 	if err != nil {
 		return nil, err
 	}
-	if n := len(keyStarts); n > 0 {
-		switch {
-		case mode == DeliveryPerKey:
-			return nil, fmt.Errorf("%w: %q delivery reads a topic whose keyed messages are in one stream; %s splits them over %d key streams",
-				ErrInvalidConfig, DeliveryPerKey, cfg.Topic, n)
-		case mode == DeliveryPartitioned:
-			// A partition reads one key stream, or a part of one: never
-			// fewer partitions than key streams.
-			partitions = max(partitions, n)
-		}
+	if n := len(keyStarts); n > 0 && mode == DeliveryPartitioned {
+		// A partition reads one key stream, or a part of one: never
+		// fewer partitions than key streams.
+		partitions = max(partitions, n)
 	}
 	kv, err := c.buckets(ctx)
 	if err != nil {
@@ -666,10 +660,21 @@ func (s *Subscription) createConsumers(ctx context.Context, kv jetstream.KeyValu
 	}
 	if rec.Ordering {
 		// Key discovery starts right before the subscription's first message.
-		return s.c.retryUntil(ctx, func(ctx context.Context) error {
+		if err := s.c.retryUntil(ctx, func(ctx context.Context) error {
 			_, err := kv.Put(ctx, s.floorKey(rec.Epoch), []byte(strconv.FormatUint(rec.StartSeq-1, 10)))
 			return err
-		})
+		}); err != nil {
+			return err
+		}
+		if !rec.partitioned() && rec.split() {
+			// and in each key stream, right before its first.
+			return forEachParallel(ctx, keyStreamIndexes(rec.KeyStreams), 16, func(ctx context.Context, i int) error {
+				return s.c.retryUntil(ctx, func(ctx context.Context) error {
+					_, err := kv.Put(ctx, keyStreamFloorKey(s.kvKey(), rec.Epoch, i), []byte(strconv.FormatUint(rec.KeyStartSeqs[i]-1, 10)))
+					return err
+				})
+			})
+		}
 	}
 	return nil
 }

@@ -284,9 +284,14 @@ func (o *discoverer) watchMembers(ctx context.Context) {
 			if id == o.r.presence.id || !o.r.presence.gone(ctx, id) {
 				continue
 			}
-			// Only one sweeper removes the record it read.
+			// Only one sweeper removes the record it read. On a topic with
+			// key streams each stream's discoverer sweeps its own, so one
+			// whose delete lost to another's (the record is gone) sweeps
+			// too.
 			if err := o.members.Delete(ctx, prefix+id, jetstream.LastRevision(rev)); err != nil {
-				continue
+				if _, gerr := o.members.Get(ctx, prefix+id); !errors.Is(gerr, jetstream.ErrKeyNotFound) {
+					continue
+				}
 			}
 			o.c.cfg.logger.Debug("member gone: sweeping for its messages", "subscription", o.rec.ID, "member", id)
 			delete(members, id)
@@ -327,7 +332,7 @@ func (o *discoverer) sweep(ctx context.Context, dead string) bool {
 		checks []holdCheck
 	)
 	_ = forEachParallel(cctx, busy, cleanupWorkers, func(cctx context.Context, name string) error {
-		if _, err := o.c.js.PauseConsumer(cctx, o.rec.stream(), name, time.Now().Add(2*o.c.cfg.apiTimeout)); err != nil {
+		if _, err := o.c.js.PauseConsumer(cctx, o.streamName, name, time.Now().Add(2*o.c.cfg.apiTimeout)); err != nil {
 			return nil
 		}
 		mu.Lock()
@@ -372,7 +377,7 @@ func (o *discoverer) sweep(ctx context.Context, dead string) bool {
 		if held[heldKey{consumer: c.consumer, seq: c.seq}] {
 			continue
 		}
-		subject := fmt.Sprintf("$JS.ACK.%s.%s.1.%d.%d.%d.0", o.rec.stream(), c.consumer, c.seq, c.dseq, time.Now().UnixNano())
+		subject := fmt.Sprintf("$JS.ACK.%s.%s.1.%d.%d.%d.0", o.streamName, c.consumer, c.seq, c.dseq, time.Now().UnixNano())
 		if err := o.c.nc.Publish(subject, ackPayload[ackNak]); err == nil {
 			nacked++
 		}

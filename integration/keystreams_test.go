@@ -25,9 +25,9 @@ import (
 
 // A topic with key streams (TopicConfig.KeyStreams) keeps its keyed
 // messages in a stream per group of slots. Partitioned subscriptions with
-// as many partitions as key streams, and with more, and unordered ones
-// receive every message, each key in order; sequences stay unique in the
-// topic.
+// as many partitions as key streams, and with more, per-key and unordered
+// ones receive every message, each key in order; sequences stay unique in
+// the topic.
 func TestKeyStreamsDeliverEverything(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -43,6 +43,7 @@ func TestKeyStreamsDeliverEverything(t *testing.T) {
 		"split-p4":        {Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPartitioned, Partitions: 4},
 		"split-p16":       {Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPartitioned, Partitions: 16},
 		"split-default":   {Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPartitioned},
+		"split-per-key":   {Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPerKey},
 		"split-unordered": {Topic: topic},
 	}
 	check := ordercheck.New()
@@ -124,9 +125,8 @@ func TestKeyStreamsDeliverEverything(t *testing.T) {
 }
 
 // What a topic with key streams refuses, clearly and before it creates
-// anything: per-key delivery, a key stream count that is not a power of
-// two, and seeks to a single sequence. Fewer partitions than key streams
-// become as many.
+// anything: a key stream count that is not a power of two, and seeks to a
+// single sequence. Fewer partitions than key streams become as many.
 func TestKeyStreamsRefusals(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -138,14 +138,6 @@ func TestKeyStreamsRefusals(t *testing.T) {
 	topic, err := e.client.CreateTopicWithConfig(ctx, "split", &adapter.TopicConfig{KeyStreams: 8})
 	if err != nil {
 		t.Fatal(err)
-	}
-	_, err = e.client.CreateSubscription(ctx, "refused", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPerKey})
-	if !errors.Is(err, adapter.ErrInvalidConfig) {
-		t.Fatalf("per-key: %v, want ErrInvalidConfig", err)
-	}
-	t.Logf("refused: %v", err)
-	if ok, _ := e.client.Subscription("refused").Exists(ctx); ok {
-		t.Fatal("a refused subscription exists")
 	}
 	// Fewer partitions than key streams: as many as key streams.
 	sub := e.createSub("split-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPartitioned, Partitions: 2})
@@ -169,13 +161,19 @@ func TestKeyStreamsRefusals(t *testing.T) {
 // again, and none before; to a time before everything, every message. Each
 // key in order throughout (the checker sees every delivery).
 func TestKeyStreamsSeek(t *testing.T) {
+	for _, mode := range []adapter.DeliveryMode{adapter.DeliveryPartitioned, adapter.DeliveryPerKey} {
+		t.Run(string(mode), func(t *testing.T) { keyStreamsSeek(t, mode) })
+	}
+}
+
+func keyStreamsSeek(t *testing.T, mode adapter.DeliveryMode) {
 	e := newEnv(t)
 	ctx := context.Background()
 	topic, err := e.client.CreateTopicWithConfig(ctx, "split-seek", &adapter.TopicConfig{KeyStreams: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub := e.createSub("split-seek-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPartitioned})
+	sub := e.createSub("split-seek-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: mode})
 	r := newSeekRecorder([]string{"k0", "k1", "k2", "k3", "k4", "k5", ""})
 	startReceive(t, sub, func(ctx context.Context, m *adapter.Message) {
 		r.record(m.Data, m.OrderingKey)
@@ -321,15 +319,19 @@ func TestKeyStreamsDeleteAndCreateAgain(t *testing.T) {
 	}
 }
 
-// Through Google's Go client, against a sidecar with its defaults: a topic
-// created with the jetorder-key-streams label carries it, refuses per-key
-// delivery and a change of the label, and an ordered subscription gets
-// every key in order, and again from a snapshot.
+// Through Google's Go client, against a sidecar with each delivery mode: a
+// topic created with the jetorder-key-streams label carries it, refuses a
+// change of the label, and an ordered subscription gets every key in
+// order, and again from a snapshot.
 func TestKeyStreamsThroughGoClient(t *testing.T) {
-	// The default delivery whatever JETORDER_TEST_DELIVERY says: per-key
-	// delivery does not read key streams. NATSListen: the test looks at
-	// the consumers.
-	sc := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0", Delivery: adapter.DefaultDelivery})
+	for _, mode := range []adapter.DeliveryMode{adapter.DeliveryPartitioned, adapter.DeliveryPerKey} {
+		t.Run(string(mode), func(t *testing.T) { keyStreamsThroughGoClient(t, mode) })
+	}
+}
+
+func keyStreamsThroughGoClient(t *testing.T, mode adapter.DeliveryMode) {
+	// NATSListen: the test looks at the consumers.
+	sc := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0", Delivery: mode})
 	c := sc.GoClient()
 	ctx := context.Background()
 	topic, err := c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("split"), Labels: map[string]string{"jetorder-key-streams": "4"}})
@@ -344,9 +346,6 @@ func TestKeyStreamsThroughGoClient(t *testing.T) {
 	_, err = c.TopicAdminClient.UpdateTopic(ctx, &pb.UpdateTopicRequest{Topic: &pb.Topic{Name: topicPath("split"), Labels: map[string]string{"jetorder-key-streams": "8"}},
 		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
 	wantCode(t, "a change of the key stream count", err, codes.InvalidArgument)
-	_, err = c.SubscriptionAdminClient.CreateSubscription(ctx, &pb.Subscription{Name: subPath("perkey"), Topic: topicPath("split"), EnableMessageOrdering: true,
-		Labels: map[string]string{"jetorder-delivery": "per-key"}})
-	wantCode(t, "per-key delivery on a topic with key streams", err, codes.InvalidArgument)
 	mustCreateSub(t, c, &pb.Subscription{Name: subPath("split-sub"), Topic: topicPath("split"), EnableMessageOrdering: true})
 
 	pub := c.Publisher("split")
@@ -375,10 +374,22 @@ func TestKeyStreamsThroughGoClient(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, all(0, 5, 1), "the first five of each key not received")
 	// The snapshot is taken once the server has every ack: its point is
 	// then past the first five of every key.
+	js := sc.JetStream()
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		for i := range 8 { // the default 8 partitions, on key stream i mod 4
-			in, err := sc.JetStream().Consumer(ctx, keyrouter.KeyStreamName(itest.Project, "split", i%4), keyrouter.PartitionConsumer(itest.Project, "split-sub", i))
-			if err != nil || in.CachedInfo().NumAckPending+int(in.CachedInfo().NumPending) > 0 {
+		// Every consumer of the subscription on the key streams: the
+		// partitions' or the keys'.
+		for i := range 4 {
+			st, err := js.Stream(ctx, keyrouter.KeyStreamName(itest.Project, "split", i))
+			if err != nil {
+				return false
+			}
+			list := st.ListConsumers(ctx)
+			for info := range list.Info() {
+				if strings.HasPrefix(info.Name, keyrouter.SubscriptionBase(itest.Project, "split-sub")+"_") && info.NumAckPending+int(info.NumPending) > 0 {
+					return false
+				}
+			}
+			if list.Err() != nil {
 				return false
 			}
 		}

@@ -107,7 +107,7 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	str(&ordering, "ordering", string(pubsubapi.StrictOrdering), `when a key's next message goes to a client on ordered subscriptions without a jetorder-ordering label: "strict" (once the previous one is acked) or "pipelined" (without waiting for acks, for clients that run a key's handlers one at a time; docs/SIDECAR.md)`)
 	var delivery, keyStreams, replicas, maxOutstanding, maxStreams, shutdown, webhookOrigins, webhookRate, pushMax string
 	str(&delivery, "delivery", string(adapter.DefaultDelivery), `delivery of ordered subscriptions created without a jetorder-delivery label: "per-key" or "partitioned" (docs/SIDECAR.md)`)
-	str(&keyStreams, "key-streams", "1", `streams the keyed messages of topics created without a jetorder-key-streams label are split over: 1, 2, 4, 8 or 16 (faster partitioned delivery of many keys; such topics refuse per-key delivery; docs/SIDECAR.md, "Key streams")`)
+	str(&keyStreams, "key-streams", "1", `streams the keyed messages of topics created without a jetorder-key-streams label are split over: 1, 2, 4, 8 or 16 (faster partitioned delivery of many keys; docs/SIDECAR.md, "Key streams")`)
 	str(&replicas, "replicas", "1", "replicas of the streams and buckets the sidecar creates (3 in a cluster)")
 	str(&maxOutstanding, "max-outstanding-messages", "1000", "messages one subscription holds in the sidecar: with clients or waiting for one")
 	str(&maxStreams, "max-streams", "1000", "open StreamingPull streams")
