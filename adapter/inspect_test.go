@@ -28,6 +28,12 @@ type inspectEnv struct {
 // newInspectEnv creates the subscription id with cfg (its topic set).
 func newInspectEnv(t *testing.T, id string, cfg SubscriptionConfig) *inspectEnv {
 	t.Helper()
+	return newInspectEnvOn(t, id, nil, cfg)
+}
+
+// newInspectEnvOn is newInspectEnv on a topic created with tcfg.
+func newInspectEnvOn(t *testing.T, id string, tcfg *TopicConfig, cfg SubscriptionConfig) *inspectEnv {
+	t.Helper()
 	srv := testutil.Server(t)
 	nc := testutil.Connect(t, srv.ClientURL())
 	c, err := NewClient(nc, "p")
@@ -44,7 +50,7 @@ func newInspectEnv(t *testing.T, id string, cfg SubscriptionConfig) *inspectEnv 
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	topic, err := c.CreateTopic(ctx, "orders")
+	topic, err := c.CreateTopicWithConfig(ctx, "orders", tcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,6 +212,31 @@ func TestInspectPerKey(t *testing.T) {
 	}, "keys a and c not held unacked: held %d, %+v", held, func() any { return st })
 	if st.Backlog != 2 || st.Consumers != 3 || !st.OldestUnacked.Equal(e.stored(t, topic, 3)) || len(st.Partitions) != 0 {
 		t.Errorf("receiving: %+v; want backlog 2, 3 consumers (unkeyed, a, c), oldest the third message, no partitions", st)
+	}
+}
+
+// A per-key subscription of a topic with key streams: the keyed messages
+// nobody has discovered count from each key stream's discovery floor, and
+// from the key consumers once discovered.
+func TestInspectPerKeyKeyStreams(t *testing.T) {
+	e := newInspectEnvOn(t, "keys", &TopicConfig{KeyStreams: 4}, SubscriptionConfig{EnableMessageOrdering: true, Delivery: DeliveryPerKey})
+	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h", "a", "b"}
+	before := time.Now()
+	e.publish(t, e.topic, keys...)
+
+	st := e.read(t, e.sub)
+	if !st.HasFloor || st.Undiscovered != uint64(len(keys)) || st.Backlog != uint64(len(keys)) || st.Unacked != 0 ||
+		st.OldestUnacked.Before(before.Add(-time.Second)) || st.OldestUnacked.After(time.Now()) {
+		t.Fatalf("nobody receiving: %+v; want %d undiscovered, backlog %d, nothing unacked, oldest since the publish", st, len(keys), len(keys))
+	}
+
+	held := hold(t, e.sub)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		st = e.read(t, e.sub)
+		return held() == 8 && st.Unacked == 8 && st.Undiscovered == 0
+	}, "the eight keys not each held unacked: held %d, %+v", held, func() any { return st })
+	if st.Backlog != uint64(len(keys)) || st.Consumers != 9 {
+		t.Errorf("receiving: %+v; want backlog %d, 9 consumers (unkeyed and the eight keys')", st, len(keys))
 	}
 }
 
