@@ -243,6 +243,9 @@ func (o *discoverer) watchMembers(ctx context.Context) {
 	}
 	defer func() { w.stop() }()
 	members := make(map[string]uint64) // id -> record revision
+	sweptAtStart := !o.rec.split()
+	swept := make(map[string]bool) // members this discoverer swept for
+	var toSweep []string           // members deleted by others, to sweep for
 	t := time.NewTicker(memberCheckInterval)
 	defer t.Stop()
 	for {
@@ -261,9 +264,16 @@ func (o *discoverer) watchMembers(ctx context.Context) {
 				id := strings.TrimPrefix(e.Key(), prefix)
 				if e.Operation() == jetstream.KeyValuePut {
 					members[id] = e.Revision()
-				} else {
-					delete(members, id)
+					continue
 				}
+				if _, known := members[id]; known && o.rec.split() && !swept[id] && id != o.r.presence.id {
+					// On a topic with key streams another stream's
+					// discoverer may have deleted the record of a member it
+					// found gone: this stream is swept for it too (a member
+					// that left by itself costs a sweep that finds nothing).
+					toSweep = append(toSweep, id)
+				}
+				delete(members, id)
 				continue
 			}
 		case <-t.C:
@@ -277,6 +287,19 @@ func (o *discoverer) watchMembers(ctx context.Context) {
 		if n := o.c.nc.Stats().Reconnects; n != o.sweptReconnects && o.sweep(ctx, "") {
 			o.sweptReconnects = n
 		}
+		// On a topic with key streams, a discoverer that takes over the
+		// lease of a dead member's stream may find its record deleted
+		// already, by another stream's discoverer: the watch then never
+		// names it. So it sweeps once for messages nobody holds.
+		if !sweptAtStart && o.sweep(ctx, "") {
+			sweptAtStart = true
+		}
+		for _, id := range toSweep {
+			swept[id] = true
+			o.c.cfg.logger.Debug("member deleted by another discoverer: sweeping this stream for its messages", "subscription", o.rec.ID, "member", id, "stream", o.streamName)
+			o.sweep(ctx, id)
+		}
+		toSweep = toSweep[:0]
 		for id, rev := range members {
 			if ctx.Err() != nil {
 				return
@@ -295,6 +318,7 @@ func (o *discoverer) watchMembers(ctx context.Context) {
 			}
 			o.c.cfg.logger.Debug("member gone: sweeping for its messages", "subscription", o.rec.ID, "member", id)
 			delete(members, id)
+			swept[id] = true
 			o.sweep(ctx, id)
 		}
 	}
