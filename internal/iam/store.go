@@ -102,9 +102,11 @@ func openStore(ctx context.Context, js jetstream.JetStream, replicas int, log *s
 					// create again (a partition, the bucket's leader
 					// lost): watched again, or policy changes made
 					// through other sidecars would never reach this one.
-					if w = s.watchAgain(wctx, kv); w == nil {
+					again := s.watchAgain(wctx, kv)
+					if again == nil {
 						return
 					}
+					w = again
 					continue
 				}
 				if e != nil {

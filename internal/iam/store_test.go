@@ -56,3 +56,35 @@ func TestStoreWatchesAgainAfterItsWatchEnds(t *testing.T) {
 		return proto.Equal(got, pol)
 	}, "a policy set after the watch ended was not seen within 30 s; the store's log:\n%s", logs.String)
 }
+
+// A store closed while it tries to watch again stops, without waiting for
+// the bucket (and without touching the watch that ended).
+func TestStoreClosedWhileWatchingAgain(t *testing.T) {
+	srv := testutil.Server(t)
+	js, err := jetstream.New(testutil.Connect(t, srv.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var logs testutil.LogBuffer
+	s, err := OpenStore(ctx, js, 1, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteKeyValue(ctx, PolicyBucket); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		return strings.Contains(logs.String(), "policies not watched; trying again")
+	}, "the store never tried to watch again; its log:\n%s", logs.String)
+	closed := make(chan struct{})
+	go func() {
+		s.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return within 10 s while the store tried to watch again")
+	}
+}
