@@ -124,8 +124,12 @@ func keyStreamLeaseKey(kvKey string, i int) string { return kvKey + ".k" + strco
 // stream i, of the epoch's consumers of the subscription whose registry
 // key is kvKey.
 func keyStreamFloorKey(kvKey string, epoch uint64, i int) string {
-	return floorKey(kvKey, epoch) + ".k" + strconv.Itoa(i)
+	return keyStreamFloorOf(floorKey(kvKey, epoch), i)
 }
+
+// keyStreamFloorOf is the key of key stream i's discovery floor beside the
+// floor key floor (of the topic's own stream, in the same epoch).
+func keyStreamFloorOf(floor string, i int) string { return floor + ".k" + strconv.Itoa(i) }
 
 func (o *discoverer) warn(msg string, err error) {
 	o.c.cfg.logger.Warn(msg, "subscription", o.rec.ID, "discoverer", o.lease.id, "err", err)

@@ -463,13 +463,16 @@ func (in *Inspector) undiscovered(ctx context.Context, st *SubscriptionState, la
 		}
 		keyStreams++
 	}
+	if keyStreams == 0 {
+		return n, first, nil
+	}
+	kv, err := in.registryBucket(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
 	for i := range keyStreams {
 		name := keyrouter.KeyStreamName(t.project, t.id, i)
-		kv, err := in.registryBucket(ctx)
-		if err != nil {
-			return 0, nil, err
-		}
-		e, err := kv.Get(ctx, key+".k"+strconv.Itoa(i))
+		e, err := kv.Get(ctx, keyStreamFloorOf(key, i))
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue // a partitioned or unordered subscription's: none
 		}

@@ -19,21 +19,9 @@ import (
 // can, and sees a policy set through another sidecar after that: before,
 // it kept the policies it had for good.
 func TestStoreWatchesAgainAfterItsWatchEnds(t *testing.T) {
-	srv := testutil.Server(t)
-	js, err := jetstream.New(testutil.Connect(t, srv.ClientURL()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	var logs testutil.LogBuffer
-	s, err := OpenStore(ctx, js, 1, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, s, logs := openStoreLosingBucket(t)
 	defer s.Close()
-	if err := js.DeleteKeyValue(ctx, PolicyBucket); err != nil {
-		t.Fatal(err)
-	}
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		return strings.Contains(logs.String(), "policy watch ended")
 	}, "the store's watch did not end within 60 s of its bucket's deletion; its log:\n%s", logs.String)
@@ -60,20 +48,7 @@ func TestStoreWatchesAgainAfterItsWatchEnds(t *testing.T) {
 // A store closed while it tries to watch again stops, without waiting for
 // the bucket (and without touching the watch that ended).
 func TestStoreClosedWhileWatchingAgain(t *testing.T) {
-	srv := testutil.Server(t)
-	js, err := jetstream.New(testutil.Connect(t, srv.ClientURL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	var logs testutil.LogBuffer
-	s, err := OpenStore(ctx, js, 1, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := js.DeleteKeyValue(ctx, PolicyBucket); err != nil {
-		t.Fatal(err)
-	}
+	_, s, logs := openStoreLosingBucket(t)
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		return strings.Contains(logs.String(), "policies not watched; trying again")
 	}, "the store never tried to watch again; its log:\n%s", logs.String)
@@ -87,4 +62,25 @@ func TestStoreClosedWhileWatchingAgain(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close did not return within 10 s while the store tried to watch again")
 	}
+}
+
+// openStoreLosingBucket opens a store on a server of its own, and deletes
+// its bucket under it: nats.go then ends the store's watch. logs is the
+// store's log.
+func openStoreLosingBucket(t *testing.T) (js jetstream.JetStream, s *Store, logs *testutil.LogBuffer) {
+	t.Helper()
+	srv := testutil.Server(t)
+	js, err := jetstream.New(testutil.Connect(t, srv.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	logs = &testutil.LogBuffer{}
+	if s, err = OpenStore(ctx, js, 1, slog.New(slog.NewTextHandler(logs, nil))); err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteKeyValue(ctx, PolicyBucket); err != nil {
+		t.Fatal(err)
+	}
+	return js, s, logs
 }
