@@ -266,6 +266,11 @@ func (s *Subscription) receivable(ctx context.Context) (*subRecord, error) {
 	}
 }
 
+// moveCheckTicks is how many of supervise's ticks (seconds) apart a
+// subscription awaiting its topic's move onto key streams checks whether
+// it can move.
+const moveCheckTicks = 3
+
 // checkTopic returns ErrTopicDeleted if the subscription's topic is gone or
 // was deleted and created again.
 func (c *Client) checkTopic(ctx context.Context, rec *subRecord) error {
@@ -283,9 +288,9 @@ func (c *Client) checkTopic(ctx context.Context, rec *subRecord) error {
 		return fmt.Errorf("%w: projects/%s/topics/%s has subject layout %q, this version reads %q; create the topic again",
 			ErrInvalidConfig, rec.TopicProject, rec.Topic, v, subjectLayout)
 	}
-	if n := keyStreams(info.CachedInfo()); n != max(rec.KeyStreams, 1) {
-		// A subscription created by a build that does not know key
-		// streams has no consumers on them.
+	if n := keyStreams(info.CachedInfo()); n != max(rec.KeyStreams, 1) && rec.KeyStreams > 1 {
+		// A subscription of one stream on a topic with key streams waits
+		// for its move (move.go): it reads what it read before.
 		return fmt.Errorf("%w: projects/%s/topics/%s has %d key streams, and subscription %s was created for %d; create the subscription again",
 			ErrInvalidConfig, rec.TopicProject, rec.Topic, n, rec.ID, max(rec.KeyStreams, 1))
 	}
@@ -1103,6 +1108,7 @@ func (r *receiver) supervise(ctx context.Context) {
 	defer r.loops.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	ticks := 0
 	for {
 		select {
 		case <-t.C:
@@ -1138,6 +1144,14 @@ func (r *receiver) supervise(ctx context.Context) {
 		}
 		if err == nil && r.mode != nil {
 			r.mode.check(cctx)
+		}
+		if ticks++; err == nil && !r.rec.split() && ticks%moveCheckTicks == 0 {
+			// The topic may have moved onto key streams: once every keyed
+			// message of its own stream is acked, so does the subscription
+			// (a new epoch, which the next tick finds).
+			if _, merr := r.sub.moveToKeyStreams(cctx, nil); merr != nil {
+				r.c.cfg.logger.Warn("could not move the subscription onto its topic's key streams; will retry", "subscription", r.sub.String(), "err", merr)
+			}
 		}
 		cancel()
 		if errors.Is(err, ErrSubscriptionNotFound) || errors.Is(err, ErrTopicDeleted) || errors.Is(err, ErrClosed) || errors.Is(err, ErrDetached) || errors.Is(err, errEpochChanged) {

@@ -101,6 +101,15 @@ func (s *Subscription) SeekToPoint(ctx context.Context, p Point) error {
 	if err != nil {
 		return err
 	}
+	if len(p.KeySeqs) == 0 && rec.split() {
+		// A point from before the topic's move onto key streams: every
+		// keyed message published since the move comes after it.
+		if moved, err := s.c.movedOntoKeyStreams(ctx, rec); err != nil {
+			return err
+		} else if moved {
+			p.KeySeqs = keyStreamFirstSeqs(rec.KeyStreams)
+		}
+	}
 	if len(p.KeySeqs) != len(keyStreamIndexes(rec.KeyStreams)) {
 		if len(p.KeySeqs) == 0 {
 			return fmt.Errorf("seek %s: %w: its topic splits keyed messages over %d key streams, so a sequence is not a point of it",

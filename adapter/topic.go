@@ -38,6 +38,10 @@ const (
 	// them); metaKeyStream, on a key stream, is "i/n".
 	metaKeyStreams = "jetorder.key-streams"
 	metaKeyStream  = "jetorder.key-stream"
+	// metaMoved, on a topic's stream, is when the topic moved onto key
+	// streams (Topic.MoveToKeyStreams): the stream may hold keyed messages
+	// from before.
+	metaMoved = "jetorder.moved-onto-key-streams"
 )
 
 // TopicConfig is a topic's configuration.

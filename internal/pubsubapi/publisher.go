@@ -160,6 +160,7 @@ func (s *Server) UpdateTopic(ctx context.Context, req *pb.UpdateTopicRequest) (*
 		return nil, invalid("update %s: update_mask names no field", name)
 	}
 	var u adapter.TopicUpdate
+	moveTo := 1 // the key streams the topic moves onto (labelKeyStreams)
 	var schemaPaths []string
 	var storage **storagePolicy // set: the mask names message_storage_policy
 	for _, p := range paths {
@@ -179,15 +180,22 @@ func (s *Server) UpdateTopic(ctx context.Context, req *pb.UpdateTopicRequest) (*
 			if err != nil {
 				return nil, toStatus(err)
 			}
-			// Set at creation: kept when the new labels leave it out.
-			if v := cur.Labels[labelKeyStreams]; v != "" {
-				switch nv, ok := u.Labels[labelKeyStreams]; {
-				case !ok:
-					u.Labels = maps.Clone(u.Labels)
-					u.Labels[labelKeyStreams] = v
-				case nv != v:
-					return nil, invalid("update %s: label %s is set at creation and cannot change (it is %q)", name, labelKeyStreams, v)
+			// Kept when the new labels leave it out; on a topic of one
+			// stream, a count over 1 moves it onto key streams.
+			nv, set := u.Labels[labelKeyStreams]
+			switch v := cur.Labels[labelKeyStreams]; {
+			case !set && v != "":
+				u.Labels = maps.Clone(u.Labels)
+				u.Labels[labelKeyStreams] = v
+			case !set:
+			case cur.KeyStreams > 1 && nv != strconv.Itoa(cur.KeyStreams):
+				return nil, invalid("update %s: label %s: the topic's keyed messages are split over %d key streams, a count that cannot change", name, labelKeyStreams, cur.KeyStreams)
+			case cur.KeyStreams <= 1:
+				n, err := strconv.Atoi(nv)
+				if err != nil || !keyrouter.ValidKeyStreams(n) {
+					return nil, invalid("update %s: label %s %q: want 1, 2, 4, 8 or 16", name, labelKeyStreams, nv)
 				}
+				moveTo = n
 			}
 		case "message_retention_duration":
 			var d time.Duration
@@ -217,6 +225,16 @@ func (s *Server) UpdateTopic(ctx context.Context, req *pb.UpdateTopicRequest) (*
 			return nil, err
 		}
 		u.ServiceSettings = &settings
+	}
+	if moveTo > 1 {
+		// Before the labels are stored: a topic whose label names key
+		// streams has them.
+		move, err := t.MoveToKeyStreams(ctx, moveTo)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		s.log.Info("topic moved onto key streams", "topic", name, "key_streams", moveTo,
+			"subscriptions_moved", len(move.Moved), "subscriptions_waiting", len(move.Waiting))
 	}
 	cfg, err := t.Update(ctx, u)
 	if err != nil {

@@ -1,0 +1,199 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/testutil"
+	"github.com/jetorder/jetorder/keyrouter"
+)
+
+// A topic of one stream moves onto key streams (Topic.MoveToKeyStreams)
+// while a publisher and receivers run: every message reaches every
+// subscription, each key in order (the strict checker sees every
+// delivery), a subscription with keyed messages from before the move
+// unacked waits until its receivers have acked them and then reads the key
+// streams, and one without receivers moves once it has them. Keyed
+// messages published after the move are in the key streams alone.
+func TestKeyStreamsMove(t *testing.T) {
+	for _, mode := range []adapter.DeliveryMode{adapter.DeliveryPartitioned, adapter.DeliveryPerKey} {
+		t.Run(string(mode), func(t *testing.T) { keyStreamsMove(t, mode) })
+	}
+}
+
+func keyStreamsMove(t *testing.T, mode adapter.DeliveryMode) {
+	e := newEnv(t)
+	ctx := context.Background()
+	topic, err := e.client.CreateTopicWithConfig(ctx, "move", &adapter.TopicConfig{KeyStreams: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ordered := adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: mode}
+	subs := map[string]*adapter.Subscription{
+		"live":      e.client.Subscription("live"),
+		"late":      e.client.Subscription("late"), // no receiver until after the move
+		"unordered": e.client.Subscription("unordered"),
+	}
+	for id := range subs {
+		cfg := ordered
+		if id == "unordered" {
+			cfg = adapter.SubscriptionConfig{Topic: topic}
+		}
+		if _, err := e.client.CreateSubscription(ctx, id, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// check is strict until the seek at the end; afterSeek, which allows a
+	// key to go back as a seek takes it, checks the deliveries after it.
+	check, afterSeek := ordercheck.New(), ordercheck.New()
+	afterSeek.AcksMayBeLost()
+	var sought atomic.Bool
+	var mu sync.Mutex
+	unordered := map[string]bool{}
+	receive := func(id string) *receiving {
+		return startReceive(t, subs[id], func(ctx context.Context, m *adapter.Message) {
+			key, index, err := ordercheck.Decode(m.Data)
+			if err != nil || key != m.OrderingKey {
+				check.Fail("%s: message %q on key %q: %v", id, m.Data, m.OrderingKey, err)
+				m.Ack()
+				return
+			}
+			if id == "unordered" {
+				mu.Lock()
+				unordered[string(m.Data)] = true
+				mu.Unlock()
+			} else {
+				if !sought.Load() {
+					check.Delivered(id, key, index)
+					check.Acked(id, key, index)
+				}
+				afterSeek.Delivered(id, key, index)
+				afterSeek.Acked(id, key, index)
+			}
+			m.Ack()
+		})
+	}
+
+	// A publisher runs throughout, in rounds of a message per key and an
+	// unkeyed one, each round stored before the next: until told to stop,
+	// and then at least 10 rounds after.
+	const keys = 20
+	var rounds atomic.Int64
+	stopPublishing := make(chan struct{})
+	publishErr := make(chan error, 1)
+	go func() {
+		defer close(publishErr)
+		for i := 0; ; i++ {
+			var results []*adapter.PublishResult
+			for k := range keys {
+				key := fmt.Sprintf("key-%d", k)
+				check.Published(key, i)
+				afterSeek.Published(key, i)
+				results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+			}
+			check.Published("", i)
+			afterSeek.Published("", i)
+			results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode("", i)}))
+			for _, r := range results {
+				if _, err := r.Get(ctx); err != nil {
+					publishErr <- err
+					return
+				}
+			}
+			rounds.Add(1)
+			select {
+			case <-stopPublishing:
+				return
+			default:
+			}
+		}
+	}()
+	published := func(n int64) func() bool { return func() bool { return rounds.Load() >= n } }
+	receive("live")
+	receive("unordered")
+	testutil.Eventually(t, 30*time.Second, published(20), "20 rounds not published")
+	// A point of the live subscription before the move: seeking to it
+	// after the move is accepted.
+	before, _, err := subs["live"].FirstUnackedPoint(ctx)
+	if err != nil || len(before.KeySeqs) != 0 {
+		t.Fatalf("FirstUnackedPoint before the move: %+v, %v; want a sequence alone", before, err)
+	}
+
+	if _, err := topic.MoveToKeyStreams(ctx, 3); !errors.Is(err, adapter.ErrInvalidConfig) {
+		t.Fatalf("MoveToKeyStreams(3): %v, want ErrInvalidConfig", err)
+	}
+	move, err := topic.MoveToKeyStreams(ctx, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("moved at once: %v, waiting: %v", move.Moved, move.Waiting)
+	if !slices.Contains(move.Waiting, "late") {
+		t.Fatalf("the late subscription (keyed messages unacked, no receiver) moved at once: %+v", move)
+	}
+	if _, err := topic.MoveToKeyStreams(ctx, 8); !errors.Is(err, adapter.ErrInvalidConfig) {
+		t.Fatalf("MoveToKeyStreams(8) after a move onto 4: %v, want ErrInvalidConfig", err)
+	}
+	if cfg, err := topic.Config(ctx); err != nil || cfg.KeyStreams != 4 {
+		t.Fatalf("Config after the move: key streams %d, %v; want 4", cfg.KeyStreams, err)
+	}
+	after := rounds.Load() + 10
+	testutil.Eventually(t, 30*time.Second, published(after), "10 rounds after the move not published")
+	close(stopPublishing)
+	if err := <-publishErr; err != nil {
+		t.Fatalf("publish across the move: %v", err)
+	}
+	total := uint64(rounds.Load() * (keys + 1))
+	receive("late")
+
+	// Keyed messages published after the move are in the key streams
+	// alone: a subscription that has them all has moved.
+	for _, id := range []string{"live", "late"} {
+		testutil.Eventually(t, 60*time.Second, func() bool { return check.Complete(id) }, "%s: not every message acked: %s", id,
+			func() string { return check.Missing(id) })
+	}
+	got := func() int { mu.Lock(); defer mu.Unlock(); return len(unordered) }
+	testutil.Eventually(t, 30*time.Second, func() bool { return uint64(got()) == total }, "unordered: %d of %d messages", got, total)
+	if v := check.Violations(); len(v) > 0 {
+		t.Fatalf("violations:\n%s", strings.Join(v, "\n"))
+	}
+	// The keyed messages after the move are in the key streams, and the
+	// topic's own stream took none.
+	js := jetstreamOf(t, e)
+	var split uint64
+	for i := range 4 {
+		st, err := js.Stream(ctx, keyrouter.KeyStreamName(project, "move", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		split += st.CachedInfo().State.Msgs
+	}
+	main, err := js.Stream(ctx, keyrouter.StreamName(project, "move"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state := main.CachedInfo().State; split < 10*keys || split+state.Msgs != total {
+		t.Fatalf("key streams hold %d messages, the topic's own stream %d: want at least %d and %d in all", split, state.Msgs, 10*keys, total)
+	}
+
+	// A point from before the move: the keyed messages since the move come
+	// again (the key streams from their start), each key in order.
+	sought.Store(true)
+	already := afterSeek.Stats("live").Deliveries
+	if err := subs["live"].SeekToPoint(ctx, before); err != nil {
+		t.Fatalf("seek to a point from before the move: %v", err)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool { return afterSeek.Stats("live").Deliveries-already >= int(split) }, "after the seek, %d deliveries of keyed messages, want %d",
+		func() int { return afterSeek.Stats("live").Deliveries - already }, split)
+	if v := afterSeek.Violations(); len(v) > 0 {
+		t.Fatalf("violations after the seek:\n%s", strings.Join(v, "\n"))
+	}
+}
