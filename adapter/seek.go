@@ -92,7 +92,10 @@ func (s *Subscription) SeekToSequence(ctx context.Context, seq uint64) error {
 }
 
 // SeekToPoint marks every message of the topic before p as acked, and
-// every message from p on as unacked (FirstUnackedPoint gives one).
+// every message from p on as unacked (FirstUnackedPoint gives one). On a
+// topic moved onto key streams (Topic.MoveToKeyStreams), a point without
+// KeySeqs (taken before the move) starts every key stream from its first
+// message.
 func (s *Subscription) SeekToPoint(ctx context.Context, p Point) error {
 	p.Seq = max(p.Seq, 1)
 	ctx, cancel := s.c.withTimeout(ctx)

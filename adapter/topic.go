@@ -62,7 +62,8 @@ type TopicConfig struct {
 	// their own (a power of two up to 16; 0 or 1: one stream holds every
 	// message), by the slots of their keys. Partition consumers then read
 	// a stream each without a subject filter, which the server does
-	// faster. Fixed at creation. A key stream's messages are numbered in
+	// faster. Set at creation, or later on a topic of one stream by
+	// Topic.MoveToKeyStreams; fixed once over 1. A key stream's messages are numbered in
 	// a range of their own (keyrouter.KeyStreamSeqBits), so a message's
 	// StreamSequence is still unique in the topic, but only a key's
 	// messages, not the whole topic's, are in sequence order. MaxBytes is

@@ -11,8 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/pubsub/v2"
+	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
 	"github.com/jetorder/jetorder/adapter"
+	"github.com/jetorder/jetorder/internal/itest"
 	"github.com/jetorder/jetorder/internal/ordercheck"
+	"github.com/jetorder/jetorder/internal/sidecar"
 	"github.com/jetorder/jetorder/internal/testutil"
 	"github.com/jetorder/jetorder/keyrouter"
 )
@@ -196,4 +203,104 @@ func keyStreamsMove(t *testing.T, mode adapter.DeliveryMode) {
 	if v := afterSeek.Violations(); len(v) > 0 {
 		t.Fatalf("violations after the seek:\n%s", strings.Join(v, "\n"))
 	}
+}
+
+// Through Google's Go client: UpdateTopic setting the label
+// jetorder-key-streams on a topic of one stream moves it onto key streams,
+// while the client publishes and receives; every message arrives, each
+// key in order, and keyed messages published after it are in the key
+// streams. A count that is not a power of two is refused, and the count
+// cannot change again.
+func TestKeyStreamsMoveThroughGoClient(t *testing.T) {
+	sc := itest.Start(t, sidecar.Config{NATSListen: "127.0.0.1:0"}) // NATSListen: the test looks at the streams
+	c := sc.GoClient()
+	ctx := context.Background()
+	// A label of 1: one stream, whatever the test run's default.
+	if _, err := c.TopicAdminClient.CreateTopic(ctx, &pb.Topic{Name: topicPath("move"), Labels: map[string]string{"jetorder-key-streams": "1", "team": "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	mustCreateSub(t, c, &pb.Subscription{Name: subPath("move-sub"), Topic: topicPath("move"), EnableMessageOrdering: true})
+	update := func(n string) (*pb.Topic, error) {
+		return c.TopicAdminClient.UpdateTopic(ctx, &pb.UpdateTopicRequest{
+			Topic:      &pb.Topic{Name: topicPath("move"), Labels: map[string]string{"jetorder-key-streams": n, "team": "a"}},
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
+	}
+	_, err := update("3")
+	wantCode(t, "a move onto 3 key streams", err, codes.InvalidArgument)
+
+	check := ordercheck.New()
+	stop := receiveGo(t, c.Subscriber("move-sub"), func(_ context.Context, m *pubsub.Message) {
+		key, index, err := ordercheck.Decode(m.Data)
+		if err != nil || key != m.OrderingKey {
+			check.Fail("message %q on key %q: %v", m.Data, m.OrderingKey, err)
+		} else {
+			check.Delivered("s", key, index)
+			check.Acked("s", key, index)
+		}
+		m.Ack()
+	})
+	defer stop()
+	pub := c.Publisher("move")
+	pub.EnableMessageOrdering = true
+	defer pub.Stop()
+	const keys = 10
+	var rounds atomic.Int64
+	stopPublishing := make(chan struct{})
+	publishErr := make(chan error, 1)
+	go func() {
+		defer close(publishErr)
+		for i := 0; ; i++ {
+			var results []*pubsub.PublishResult
+			for k := range keys {
+				key := fmt.Sprintf("k%d", k)
+				check.Published(key, i)
+				results = append(results, pub.Publish(ctx, &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+			}
+			for _, r := range results {
+				if _, err := r.Get(ctx); err != nil {
+					publishErr <- err
+					return
+				}
+			}
+			rounds.Add(1)
+			select {
+			case <-stopPublishing:
+				return
+			default:
+			}
+		}
+	}()
+	published := func(n int64) func() bool { return func() bool { return rounds.Load() >= n } }
+	testutil.Eventually(t, 30*time.Second, published(10), "10 rounds not published")
+	topic, err := update("4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topic.GetLabels()["jetorder-key-streams"] != "4" || topic.GetLabels()["team"] != "a" {
+		t.Fatalf("labels after the move %v, want jetorder-key-streams 4 and team a", topic.GetLabels())
+	}
+	after := rounds.Load() + 10
+	testutil.Eventually(t, 30*time.Second, published(after), "10 rounds after the move not published")
+	close(stopPublishing)
+	if err := <-publishErr; err != nil {
+		t.Fatalf("publish across the move: %v", err)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool { return check.Complete("s") }, "not every message acked: %s", func() string { return check.Missing("s") })
+	if v := check.Violations(); len(v) > 0 {
+		t.Fatalf("violations:\n%s", strings.Join(v, "\n"))
+	}
+	js := sc.JetStream()
+	var split uint64
+	for i := range 4 {
+		st, err := js.Stream(ctx, keyrouter.KeyStreamName(itest.Project, "move", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		split += st.CachedInfo().State.Msgs
+	}
+	if split < 10*keys {
+		t.Fatalf("key streams hold %d messages, want the %d or more published after the move", split, 10*keys)
+	}
+	_, err = update("8")
+	wantCode(t, "a change of the key stream count after the move", err, codes.InvalidArgument)
 }
