@@ -68,11 +68,14 @@ func (t *Topic) MoveToKeyStreams(ctx context.Context, n int) (KeyStreamsMove, er
 		return KeyStreamsMove{}, err
 	}
 	switch cur := keyStreams(info); {
-	case cur == 1:
+	case cur == 1 || cur == n && info.Config.Metadata[metaMoved] != "":
+		// Again on a moved topic: a move cut short may lack key streams.
 		if err := t.split(ctx, info.Config, n); err != nil {
 			return KeyStreamsMove{}, fmt.Errorf("move %s onto %d key streams: %w", t, n, err)
 		}
-		t.c.cfg.logger.Info("topic moved onto key streams", "topic", t.String(), "key_streams", n)
+		if cur == 1 {
+			t.c.cfg.logger.Info("topic moved onto key streams", "topic", t.String(), "key_streams", n)
+		}
 	case cur != n:
 		return KeyStreamsMove{}, fmt.Errorf("%w: move %s onto %d key streams: it has %d, and the count of a topic with key streams is fixed", ErrInvalidConfig, t, n, cur)
 	}

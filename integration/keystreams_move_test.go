@@ -149,6 +149,9 @@ func keyStreamsMove(t *testing.T, mode adapter.DeliveryMode) {
 	if _, err := topic.MoveToKeyStreams(ctx, 8); !errors.Is(err, adapter.ErrInvalidConfig) {
 		t.Fatalf("MoveToKeyStreams(8) after a move onto 4: %v, want ErrInvalidConfig", err)
 	}
+	if again, err := topic.MoveToKeyStreams(ctx, 4); err != nil || !slices.Contains(again.Waiting, "late") {
+		t.Fatalf("MoveToKeyStreams(4) again: %+v, %v; want late still waiting", again, err)
+	}
 	if cfg, err := topic.Config(ctx); err != nil || cfg.KeyStreams != 4 {
 		t.Fatalf("Config after the move: key streams %d, %v; want 4", cfg.KeyStreams, err)
 	}
