@@ -47,9 +47,11 @@ type KeyStreamsMove struct {
 // and moves its subscriptions onto them (see the package's doc in
 // move.go): keyed messages published before stay in the topic's own stream
 // and are delivered first, each subscription moving once it has acked
-// them. A topic already split over n key streams is left as it is, and its
-// subscriptions still waiting are tried again; one split over another
-// count gives ErrInvalidConfig (the count is fixed once split).
+// them. On a topic moved onto n key streams before, the move is made
+// whole (key streams a move cut short left out are created) and the
+// subscriptions still waiting are tried again; a topic created with n is
+// left as it is, and one with another count gives ErrInvalidConfig (the
+// count is fixed once over 1).
 //
 // Seeks to a time or snapshot from before the move deliver again the
 // unkeyed messages after the point and the keyed messages published since
@@ -76,7 +78,9 @@ func (t *Topic) MoveToKeyStreams(ctx context.Context, n int) (KeyStreamsMove, er
 		if cur == 1 {
 			t.c.cfg.logger.Info("topic moved onto key streams", "topic", t.String(), "key_streams", n)
 		}
-	case cur != n:
+	case cur == n:
+		return KeyStreamsMove{}, nil // created with them: its subscriptions too
+	default:
 		return KeyStreamsMove{}, fmt.Errorf("%w: move %s onto %d key streams: it has %d, and the count of a topic with key streams is fixed", ErrInvalidConfig, t, n, cur)
 	}
 	subs, err := t.c.Subscriptions(ctx)
@@ -87,7 +91,7 @@ func (t *Topic) MoveToKeyStreams(ctx context.Context, n int) (KeyStreamsMove, er
 	for _, s := range subs {
 		moved, err := s.moveToKeyStreams(ctx, t)
 		switch {
-		case errors.Is(err, errOtherTopic), errors.Is(err, ErrSubscriptionNotFound):
+		case errors.Is(err, errNotTopics), errors.Is(err, ErrSubscriptionNotFound):
 		case err != nil:
 			return out, err
 		case moved:
@@ -128,8 +132,9 @@ func (t *Topic) split(ctx context.Context, primary jetstream.StreamConfig, n int
 	return nil
 }
 
-// errOtherTopic: the subscription is not one of the topic's.
-var errOtherTopic = errors.New("a subscription of another topic")
+// errNotTopics: the subscription is not one of the topic's, or is detached
+// from it.
+var errNotTopics = errors.New("not a subscription of the topic")
 
 // moveToKeyStreams moves the subscription onto its topic's key streams
 // (step 3 of a move), when the topic has them and the subscription has
@@ -141,22 +146,23 @@ func (s *Subscription) moveToKeyStreams(ctx context.Context, t *Topic) (bool, er
 	if err != nil {
 		return false, err
 	}
-	if t != nil && (rec.TopicProject != t.project || rec.Topic != t.id) {
-		return false, errOtherTopic
+	if t != nil && (rec.TopicProject != t.project || rec.Topic != t.id) || rec.Detached {
+		return false, errNotTopics
 	}
 	if rec.split() {
 		return true, nil
 	}
-	if rec.Detached || rec.Settling {
+	if rec.Settling {
 		return false, nil // a seek settles first
 	}
 	stream, err := s.c.topicStream(ctx, rec)
 	if err != nil {
 		return false, err
 	}
-	n := keyStreams(stream.CachedInfo())
-	if n <= 1 || !stream.CachedInfo().Created.Equal(rec.StreamCreated) {
-		return false, nil
+	info := stream.CachedInfo()
+	n := keyStreams(info)
+	if n <= 1 || info.Config.Metadata[metaMoved] == "" || !info.Created.Equal(rec.StreamCreated) {
+		return false, nil // not moved (or another topic of the id): checkTopic says what
 	}
 	p, _, err := s.FirstUnackedPoint(ctx)
 	if err != nil {

@@ -274,27 +274,36 @@ const moveCheckTicks = 3
 // checkTopic returns ErrTopicDeleted if the subscription's topic is gone or
 // was deleted and created again.
 func (c *Client) checkTopic(ctx context.Context, rec *subRecord) error {
+	_, err := c.checkTopicStreams(ctx, rec)
+	return err
+}
+
+// checkTopicStreams is checkTopic, and returns the topic's key stream
+// count (1 for none).
+func (c *Client) checkTopicStreams(ctx context.Context, rec *subRecord) (int, error) {
 	info, err := c.js.Stream(ctx, rec.stream())
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("%w: projects/%s/topics/%s", ErrTopicDeleted, rec.TopicProject, rec.Topic)
+			return 0, fmt.Errorf("%w: projects/%s/topics/%s", ErrTopicDeleted, rec.TopicProject, rec.Topic)
 		}
-		return err
+		return 0, err
 	}
 	if !info.CachedInfo().Created.Equal(rec.StreamCreated) {
-		return fmt.Errorf("%w: projects/%s/topics/%s was deleted and created again", ErrTopicDeleted, rec.TopicProject, rec.Topic)
+		return 0, fmt.Errorf("%w: projects/%s/topics/%s was deleted and created again", ErrTopicDeleted, rec.TopicProject, rec.Topic)
 	}
 	if v := info.CachedInfo().Config.Metadata[metaLayout]; v != subjectLayout {
-		return fmt.Errorf("%w: projects/%s/topics/%s has subject layout %q, this version reads %q; create the topic again",
+		return 0, fmt.Errorf("%w: projects/%s/topics/%s has subject layout %q, this version reads %q; create the topic again",
 			ErrInvalidConfig, rec.TopicProject, rec.Topic, v, subjectLayout)
 	}
-	if n := keyStreams(info.CachedInfo()); n != max(rec.KeyStreams, 1) && rec.KeyStreams > 1 {
-		// A subscription of one stream on a topic with key streams waits
-		// for its move (move.go): it reads what it read before.
-		return fmt.Errorf("%w: projects/%s/topics/%s has %d key streams, and subscription %s was created for %d; create the subscription again",
+	n := keyStreams(info.CachedInfo())
+	awaitingMove := rec.KeyStreams <= 1 && info.CachedInfo().Config.Metadata[metaMoved] != "" // move.go: it reads what it read before
+	if n != max(rec.KeyStreams, 1) && !awaitingMove {
+		// A subscription created by a build that does not know key
+		// streams has no consumers on them.
+		return 0, fmt.Errorf("%w: projects/%s/topics/%s has %d key streams, and subscription %s was created for %d; create the subscription again",
 			ErrInvalidConfig, rec.TopicProject, rec.Topic, n, rec.ID, max(rec.KeyStreams, 1))
 	}
-	return nil
+	return n, nil
 }
 
 // run receives until ctx ends or a fatal error, then shuts down.
@@ -1139,17 +1148,18 @@ func (r *receiver) supervise(ctx context.Context) {
 			r.deadLetter.Store(rec.DeadLetter)
 			r.retry.Store(rec.Retry)
 		}
+		keyStreams := 1
 		if err == nil {
-			err = r.c.checkTopic(cctx, r.rec)
+			keyStreams, err = r.c.checkTopicStreams(cctx, r.rec)
 		}
 		if err == nil && r.mode != nil {
 			r.mode.check(cctx)
 		}
-		if ticks++; err == nil && !r.rec.split() && ticks%moveCheckTicks == 0 {
+		if ticks++; err == nil && keyStreams > 1 && !r.rec.split() && ticks%moveCheckTicks == 0 {
 			// The topic may have moved onto key streams: once every keyed
 			// message of its own stream is acked, so does the subscription
 			// (a new epoch, which the next tick finds).
-			if _, merr := r.sub.moveToKeyStreams(cctx, nil); merr != nil {
+			if _, merr := r.sub.moveToKeyStreams(cctx, nil); merr != nil && !errors.Is(merr, errNotTopics) {
 				r.c.cfg.logger.Warn("could not move the subscription onto its topic's key streams; will retry", "subscription", r.sub.String(), "err", merr)
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,7 @@ import (
 func (b *bench) clientsRuns() chart {
 	sc := b.startSidecar()
 	defer sc.stop()
+	defer b.deleteTopics("clients-") // and their consumers, which the runs after would carry
 	servers := []clientsServer{{name: "sidecar", addr: sc.addr, project: project}}
 	if addr, cmd, err := itest.StartEmulator(); err != nil {
 		fmt.Printf("clients run: no Google emulator, its figures left out: %v\n", err)
@@ -353,4 +355,24 @@ func nodeHotKey() (func(s clientsServer, labels map[string]string, n int, ackMax
 		check(json.Unmarshal(out, &r))
 		return float64(n) / r.Seconds
 	}, nil
+}
+
+// deleteTopics deletes the bench project's topics and subscriptions whose
+// ids start with prefix.
+func (b *bench) deleteTopics(prefix string) {
+	ctx := context.Background()
+	subs, err := b.client.Subscriptions(ctx)
+	check(err)
+	for _, s := range subs {
+		if strings.HasPrefix(s.ID(), prefix) {
+			check(s.Delete(ctx))
+		}
+	}
+	topics, err := b.client.Topics(ctx)
+	check(err)
+	for _, t := range topics {
+		if strings.HasPrefix(t.ID(), prefix) {
+			check(t.Delete(ctx))
+		}
+	}
 }

@@ -139,6 +139,14 @@ func TestKeyStreamsRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A topic created with key streams has nothing to move, and keeps its
+	// count.
+	if move, err := topic.MoveToKeyStreams(ctx, 8); err != nil || len(move.Moved)+len(move.Waiting) > 0 {
+		t.Fatalf("MoveToKeyStreams(8) on a topic created with 8: %+v, %v; want nothing moved", move, err)
+	}
+	if _, err := topic.MoveToKeyStreams(ctx, 4); !errors.Is(err, adapter.ErrInvalidConfig) {
+		t.Fatalf("MoveToKeyStreams(4) on a topic created with 8: %v, want ErrInvalidConfig", err)
+	}
 	// Fewer partitions than key streams: as many as key streams.
 	sub := e.createSub("split-sub", adapter.SubscriptionConfig{Topic: topic, EnableMessageOrdering: true, Delivery: adapter.DeliveryPartitioned, Partitions: 2})
 	if cfg, err := sub.Config(ctx); err != nil || cfg.Partitions != 8 {
