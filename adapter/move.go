@@ -92,8 +92,12 @@ func (t *Topic) MoveToKeyStreams(ctx context.Context, n int) (KeyStreamsMove, er
 		moved, err := s.moveToKeyStreams(ctx, t)
 		switch {
 		case errors.Is(err, errNotTopics), errors.Is(err, ErrSubscriptionNotFound):
+		case ctx.Err() != nil:
+			return out, ctx.Err()
 		case err != nil:
-			return out, err
+			// Its receivers try again: the topic's part is done.
+			t.c.cfg.logger.Warn("subscription not moved onto its topic's key streams yet; its receivers will", "subscription", s.String(), "err", err)
+			out.Waiting = append(out.Waiting, s.id)
 		case moved:
 			out.Moved = append(out.Moved, s.id)
 		default:
@@ -164,8 +168,14 @@ func (s *Subscription) moveToKeyStreams(ctx context.Context, t *Topic) (bool, er
 	if n <= 1 || info.Config.Metadata[metaMoved] == "" || !info.Created.Equal(rec.StreamCreated) {
 		return false, nil // not moved (or another topic of the id): checkTopic says what
 	}
+	epoch := rec.Epoch
 	p, _, err := s.FirstUnackedPoint(ctx)
 	if err != nil {
+		// Moved or sought by another process meanwhile (whose settle
+		// purged the floors this looked for), or an error.
+		if now, lerr := s.load(ctx); lerr == nil && (now.split() || now.Epoch != epoch) {
+			return now.split(), nil
+		}
 		return false, err
 	}
 	last, err := lastKeyed(ctx, stream, rec)
@@ -173,7 +183,6 @@ func (s *Subscription) moveToKeyStreams(ctx context.Context, t *Topic) (bool, er
 		return false, err
 	}
 	starts := keyStreamFirstSeqs(n)
-	epoch := rec.Epoch
 	rec, err = s.modify(ctx, "move to key streams", func(r *subRecord) bool {
 		if r.Epoch != epoch || r.Settling || r.Detached || r.split() {
 			return false // sought, detached or moved meanwhile: try again later

@@ -266,11 +266,6 @@ func (s *Subscription) receivable(ctx context.Context) (*subRecord, error) {
 	}
 }
 
-// moveCheckTicks is how many of supervise's ticks (seconds) apart a
-// subscription awaiting its topic's move onto key streams checks whether
-// it can move.
-const moveCheckTicks = 3
-
 // checkTopic returns ErrTopicDeleted if the subscription's topic is gone or
 // was deleted and created again.
 func (c *Client) checkTopic(ctx context.Context, rec *subRecord) error {
@@ -1117,7 +1112,6 @@ func (r *receiver) supervise(ctx context.Context) {
 	defer r.loops.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	ticks := 0
 	for {
 		select {
 		case <-t.C:
@@ -1155,10 +1149,10 @@ func (r *receiver) supervise(ctx context.Context) {
 		if err == nil && r.mode != nil {
 			r.mode.check(cctx)
 		}
-		if ticks++; err == nil && keyStreams > 1 && !r.rec.split() && ticks%moveCheckTicks == 0 {
-			// The topic may have moved onto key streams: once every keyed
-			// message of its own stream is acked, so does the subscription
-			// (a new epoch, which the next tick finds).
+		if err == nil && keyStreams > 1 && !r.rec.split() {
+			// The topic moved onto key streams: once every keyed message of
+			// its own stream is acked, so does the subscription (a new
+			// epoch, which the next tick finds).
 			if _, merr := r.sub.moveToKeyStreams(cctx, nil); merr != nil && !errors.Is(merr, errNotTopics) {
 				r.c.cfg.logger.Warn("could not move the subscription onto its topic's key streams; will retry", "subscription", r.sub.String(), "err", merr)
 			}

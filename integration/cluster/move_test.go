@@ -29,7 +29,7 @@ import (
 // strict checker sees every delivery), and the key streams have three
 // replicas and the keyed messages published after the move.
 func TestClusterMoveOntoKeyStreams(t *testing.T) {
-	const keys = 50
+	const keys = 20
 	cl := newChaosCluster(t)
 	scs := cl.startSidecars(itest.ReadyTimeout(90 * time.Second))
 	admin := scs[0].GoClient(itest.Patient()...)
@@ -59,7 +59,8 @@ func TestClusterMoveOntoKeyStreams(t *testing.T) {
 	}
 
 	// The library publishes in rounds of a message per key, each round
-	// stored before the next.
+	// stored before the next, 10 rounds a second at most (the move takes
+	// seconds on the cluster: the backlog stays a few thousand messages).
 	nc, err := nats.Connect(strings.Join(cl.clientURLs, ","), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +76,10 @@ func TestClusterMoveOntoKeyStreams(t *testing.T) {
 	publishErr := make(chan error, 1)
 	go func() {
 		defer close(publishErr)
+		pace := time.NewTicker(100 * time.Millisecond)
+		defer pace.Stop()
 		for i := 0; ; i++ {
+			<-pace.C
 			var results []*adapter.PublishResult
 			for k := range keys {
 				key := fmt.Sprintf("k%d", k)
@@ -97,20 +101,25 @@ func TestClusterMoveOntoKeyStreams(t *testing.T) {
 		}
 	}()
 	published := func(n int64) func() bool { return func() bool { return rounds.Load() >= n } }
+	start := time.Now()
 	testutil.Eventually(t, 60*time.Second, published(10), "10 rounds not published")
+	t.Logf("%v: 10 rounds published; moving", time.Since(start).Round(time.Millisecond))
 	if _, err := admin.TopicAdminClient.UpdateTopic(ctx, &pb.UpdateTopicRequest{
 		Topic:      &pb.Topic{Name: itest.TopicPath("move"), Labels: map[string]string{"jetorder-key-streams": "4"}},
 		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}}); err != nil {
 		t.Fatalf("UpdateTopic moving the topic onto 4 key streams: %v", err)
 	}
+	t.Logf("%v: moved", time.Since(start).Round(time.Millisecond))
 	after := rounds.Load() + 10
 	testutil.Eventually(t, 60*time.Second, published(after), "10 rounds after the move not published")
 	close(stop)
+	t.Logf("%v: %d rounds published", time.Since(start).Round(time.Millisecond), rounds.Load())
 	if err := <-publishErr; err != nil {
 		t.Fatalf("publish across the move: %v", err)
 	}
 	testutil.Eventually(t, 90*time.Second, func() bool { return chk.Complete("move-sub") }, "not every message acked: %s",
 		func() string { return chk.Missing("move-sub") })
+	t.Logf("%v: every message acked", time.Since(start).Round(time.Millisecond))
 	if v := chk.Violations(); len(v) > 0 {
 		t.Fatalf("violations:\n%s", strings.Join(v, "\n"))
 	}
