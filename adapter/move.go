@@ -44,8 +44,8 @@ type KeyStreamsMove struct {
 
 // MoveToKeyStreams splits the keyed messages of a topic of one stream over
 // n key streams from now on, as TopicConfig.KeyStreams does at creation,
-// and moves its subscriptions onto them (see the package's doc in
-// move.go): keyed messages published before stay in the topic's own stream
+// and moves its subscriptions onto them (the steps are in move.go's
+// opening comment): keyed messages published before stay in the topic's own stream
 // and are delivered first, each subscription moving once it has acked
 // them. On a topic moved onto n key streams before, the move is made
 // whole (key streams a move cut short left out are created) and the

@@ -63,11 +63,11 @@ type TopicConfig struct {
 	// message), by the slots of their keys. Partition consumers then read
 	// a stream each without a subject filter, which the server does
 	// faster. Set at creation, or later on a topic of one stream by
-	// Topic.MoveToKeyStreams; fixed once over 1. A key stream's messages are numbered in
-	// a range of their own (keyrouter.KeyStreamSeqBits), so a message's
-	// StreamSequence is still unique in the topic, but only a key's
-	// messages, not the whole topic's, are in sequence order. MaxBytes is
-	// shared out evenly over the topic's streams.
+	// Topic.MoveToKeyStreams; fixed once over 1. A key stream's messages
+	// are numbered in a range of their own (keyrouter.KeyStreamSeqBits),
+	// so a message's StreamSequence is still unique in the topic, but
+	// only a key's messages, not the whole topic's, are in sequence
+	// order. MaxBytes is shared out evenly over the topic's streams.
 	KeyStreams int
 }
 

@@ -94,40 +94,27 @@ func keyStreamsMove(t *testing.T, mode adapter.DeliveryMode) {
 	// unkeyed one, each round stored before the next: until told to stop,
 	// and then at least 10 rounds after.
 	const keys = 20
-	var rounds atomic.Int64
-	stopPublishing := make(chan struct{})
-	publishErr := make(chan error, 1)
-	go func() {
-		defer close(publishErr)
-		for i := 0; ; i++ {
-			var results []*adapter.PublishResult
-			for k := range keys {
-				key := fmt.Sprintf("key-%d", k)
-				check.Published(key, i)
-				afterSeek.Published(key, i)
-				results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+	rounds := itest.PublishRounds(func(i int) error {
+		var results []*adapter.PublishResult
+		for k := range keys + 1 {
+			key := fmt.Sprintf("key-%d", k)
+			if k == keys {
+				key = "" // and one unkeyed
 			}
-			check.Published("", i)
-			afterSeek.Published("", i)
-			results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode("", i)}))
-			for _, r := range results {
-				if _, err := r.Get(ctx); err != nil {
-					publishErr <- err
-					return
-				}
-			}
-			rounds.Add(1)
-			select {
-			case <-stopPublishing:
-				return
-			default:
+			check.Published(key, i)
+			afterSeek.Published(key, i)
+			results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+		}
+		for _, r := range results {
+			if _, err := r.Get(ctx); err != nil {
+				return err
 			}
 		}
-	}()
-	published := func(n int64) func() bool { return func() bool { return rounds.Load() >= n } }
+		return nil
+	}, 0)
 	receive("live")
 	receive("unordered")
-	testutil.Eventually(t, 30*time.Second, published(20), "20 rounds not published")
+	testutil.Eventually(t, 30*time.Second, rounds.Reached(20), "20 rounds not published")
 	// A point of the live subscription before the move: seeking to it
 	// after the move is accepted.
 	before, _, err := subs["live"].FirstUnackedPoint(ctx)
@@ -155,13 +142,11 @@ func keyStreamsMove(t *testing.T, mode adapter.DeliveryMode) {
 	if cfg, err := topic.Config(ctx); err != nil || cfg.KeyStreams != 4 {
 		t.Fatalf("Config after the move: key streams %d, %v; want 4", cfg.KeyStreams, err)
 	}
-	after := rounds.Load() + 10
-	testutil.Eventually(t, 30*time.Second, published(after), "10 rounds after the move not published")
-	close(stopPublishing)
-	if err := <-publishErr; err != nil {
+	testutil.Eventually(t, 30*time.Second, rounds.Reached(rounds.Done()+10), "10 rounds after the move not published")
+	if err := rounds.Stop(); err != nil {
 		t.Fatalf("publish across the move: %v", err)
 	}
-	total := uint64(rounds.Load() * (keys + 1))
+	total := uint64(rounds.Done() * (keys + 1))
 	receive("late")
 
 	// Keyed messages published after the move are in the key streams
@@ -232,49 +217,29 @@ func TestKeyStreamsMoveThroughGoClient(t *testing.T) {
 	wantCode(t, "a move onto 3 key streams", err, codes.InvalidArgument)
 
 	check := ordercheck.New()
-	stop := receiveGo(t, c.Subscriber("move-sub"), func(_ context.Context, m *pubsub.Message) {
-		key, index, err := ordercheck.Decode(m.Data)
-		if err != nil || key != m.OrderingKey {
-			check.Fail("message %q on key %q: %v", m.Data, m.OrderingKey, err)
-		} else {
-			check.Delivered("s", key, index)
-			check.Acked("s", key, index)
-		}
-		m.Ack()
-	})
+	stop := receiveGo(t, c.Subscriber("move-sub"), itest.CheckedHandler(check, "s", 0))
 	defer stop()
 	pub := c.Publisher("move")
 	pub.EnableMessageOrdering = true
 	defer pub.Stop()
-	const keys = 10
-	var rounds atomic.Int64
-	stopPublishing := make(chan struct{})
-	publishErr := make(chan error, 1)
-	go func() {
-		defer close(publishErr)
-		for i := 0; ; i++ {
-			var results []*pubsub.PublishResult
-			for k := range keys {
-				key := fmt.Sprintf("k%d", k)
-				check.Published(key, i)
-				results = append(results, pub.Publish(ctx, &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
-			}
-			for _, r := range results {
-				if _, err := r.Get(ctx); err != nil {
-					publishErr <- err
-					return
-				}
-			}
-			rounds.Add(1)
-			select {
-			case <-stopPublishing:
-				return
-			default:
+	var keys []string
+	for k := range 10 {
+		keys = append(keys, fmt.Sprintf("k%d", k))
+	}
+	rounds := itest.PublishRounds(func(i int) error {
+		var results []*pubsub.PublishResult
+		for _, key := range keys {
+			check.Published(key, i)
+			results = append(results, pub.Publish(ctx, &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+		}
+		for _, r := range results {
+			if _, err := r.Get(ctx); err != nil {
+				return err
 			}
 		}
-	}()
-	published := func(n int64) func() bool { return func() bool { return rounds.Load() >= n } }
-	testutil.Eventually(t, 30*time.Second, published(10), "10 rounds not published")
+		return nil
+	}, 0)
+	testutil.Eventually(t, 30*time.Second, rounds.Reached(10), "10 rounds not published")
 	topic, err := update("4")
 	if err != nil {
 		t.Fatal(err)
@@ -282,10 +247,8 @@ func TestKeyStreamsMoveThroughGoClient(t *testing.T) {
 	if topic.GetLabels()["jetorder-key-streams"] != "4" || topic.GetLabels()["team"] != "a" {
 		t.Fatalf("labels after the move %v, want jetorder-key-streams 4 and team a", topic.GetLabels())
 	}
-	after := rounds.Load() + 10
-	testutil.Eventually(t, 30*time.Second, published(after), "10 rounds after the move not published")
-	close(stopPublishing)
-	if err := <-publishErr; err != nil {
+	testutil.Eventually(t, 30*time.Second, rounds.Reached(rounds.Done()+10), "10 rounds after the move not published")
+	if err := rounds.Stop(); err != nil {
 		t.Fatalf("publish across the move: %v", err)
 	}
 	testutil.Eventually(t, 60*time.Second, func() bool { return check.Complete("s") }, "not every message acked: %s", func() string { return check.Missing("s") })
@@ -301,8 +264,8 @@ func TestKeyStreamsMoveThroughGoClient(t *testing.T) {
 		}
 		split += st.CachedInfo().State.Msgs
 	}
-	if split < 10*keys {
-		t.Fatalf("key streams hold %d messages, want the %d or more published after the move", split, 10*keys)
+	if split < uint64(10*len(keys)) {
+		t.Fatalf("key streams hold %d messages, want the %d or more published after the move", split, 10*len(keys))
 	}
 	_, err = update("8")
 	wantCode(t, "a change of the key stream count after the move", err, codes.InvalidArgument)

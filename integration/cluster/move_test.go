@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"cloud.google.com/go/pubsub/v2"
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -46,16 +44,7 @@ func TestClusterMoveOntoKeyStreams(t *testing.T) {
 	chk := ordercheck.New()
 	for _, sc := range scs {
 		c := sc.GoClient(itest.Patient()...)
-		itest.ReceiveGo(t, c.Subscriber("move-sub"), func(_ context.Context, m *pubsub.Message) {
-			key, idx, err := ordercheck.Decode(m.Data)
-			if err != nil || key != m.OrderingKey {
-				chk.Fail("undecodable delivery %q (key %q): %v", m.Data, m.OrderingKey, err)
-			} else {
-				chk.Delivered("move-sub", key, idx)
-				chk.Acked("move-sub", key, idx)
-			}
-			m.Ack()
-		})
+		itest.ReceiveGo(t, c.Subscriber("move-sub"), itest.CheckedHandler(chk, "move-sub", 0))
 	}
 
 	// The library publishes in rounds of a message per key, each round
@@ -71,38 +60,22 @@ func TestClusterMoveOntoKeyStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	topic := pc.Topic("move")
-	var rounds atomic.Int64
-	stop := make(chan struct{})
-	publishErr := make(chan error, 1)
-	go func() {
-		defer close(publishErr)
-		pace := time.NewTicker(100 * time.Millisecond)
-		defer pace.Stop()
-		for i := 0; ; i++ {
-			<-pace.C
-			var results []*adapter.PublishResult
-			for k := range keys {
-				key := fmt.Sprintf("k%d", k)
-				chk.Published(key, i)
-				results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
-			}
-			for _, r := range results {
-				if _, err := r.Get(ctx); err != nil {
-					publishErr <- err
-					return
-				}
-			}
-			rounds.Add(1)
-			select {
-			case <-stop:
-				return
-			default:
+	rounds := itest.PublishRounds(func(i int) error {
+		var results []*adapter.PublishResult
+		for k := range keys {
+			key := fmt.Sprintf("k%d", k)
+			chk.Published(key, i)
+			results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
+		}
+		for _, r := range results {
+			if _, err := r.Get(ctx); err != nil {
+				return err
 			}
 		}
-	}()
-	published := func(n int64) func() bool { return func() bool { return rounds.Load() >= n } }
+		return nil
+	}, 100*time.Millisecond)
 	start := time.Now()
-	testutil.Eventually(t, 60*time.Second, published(10), "10 rounds not published")
+	testutil.Eventually(t, 60*time.Second, rounds.Reached(10), "10 rounds not published")
 	t.Logf("%v: 10 rounds published; moving", time.Since(start).Round(time.Millisecond))
 	if _, err := admin.TopicAdminClient.UpdateTopic(ctx, &pb.UpdateTopicRequest{
 		Topic:      &pb.Topic{Name: itest.TopicPath("move"), Labels: map[string]string{"jetorder-key-streams": "4"}},
@@ -110,13 +83,11 @@ func TestClusterMoveOntoKeyStreams(t *testing.T) {
 		t.Fatalf("UpdateTopic moving the topic onto 4 key streams: %v", err)
 	}
 	t.Logf("%v: moved", time.Since(start).Round(time.Millisecond))
-	after := rounds.Load() + 10
-	testutil.Eventually(t, 60*time.Second, published(after), "10 rounds after the move not published")
-	close(stop)
-	t.Logf("%v: %d rounds published", time.Since(start).Round(time.Millisecond), rounds.Load())
-	if err := <-publishErr; err != nil {
+	testutil.Eventually(t, 60*time.Second, rounds.Reached(rounds.Done()+10), "10 rounds after the move not published")
+	if err := rounds.Stop(); err != nil {
 		t.Fatalf("publish across the move: %v", err)
 	}
+	t.Logf("%v: %d rounds published", time.Since(start).Round(time.Millisecond), rounds.Done())
 	testutil.Eventually(t, 90*time.Second, func() bool { return chk.Complete("move-sub") }, "not every message acked: %s",
 		func() string { return chk.Missing("move-sub") })
 	t.Logf("%v: every message acked", time.Since(start).Round(time.Millisecond))

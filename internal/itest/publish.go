@@ -3,7 +3,9 @@ package itest
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"cloud.google.com/go/pubsub/v2"
 
@@ -59,4 +61,57 @@ func CheckedHandler(chk *ordercheck.Checker, sub string, nackEvery int) func(con
 		chk.Acked(sub, key, idx)
 		m.Ack()
 	}
+}
+
+// Rounds publishes round after round on a goroutine of its own until
+// Stop: round(i) publishes round i and returns once it is stored, or with
+// the error that ends the rounds. With pace over 0, rounds start at most
+// one per pace.
+type Rounds struct {
+	done atomic.Int64
+	stop chan struct{}
+	err  chan error
+}
+
+// PublishRounds starts the rounds.
+func PublishRounds(round func(i int) error, pace time.Duration) *Rounds {
+	r := &Rounds{stop: make(chan struct{}), err: make(chan error, 1)}
+	go func() {
+		defer close(r.err)
+		var tick <-chan time.Time
+		if pace > 0 {
+			t := time.NewTicker(pace)
+			defer t.Stop()
+			tick = t.C
+		}
+		for i := 0; ; i++ {
+			if tick != nil {
+				<-tick
+			}
+			if err := round(i); err != nil {
+				r.err <- err
+				return
+			}
+			r.done.Add(1)
+			select {
+			case <-r.stop:
+				return
+			default:
+			}
+		}
+	}()
+	return r
+}
+
+// Done is how many rounds are stored.
+func (r *Rounds) Done() int64 { return r.done.Load() }
+
+// Reached returns a condition for testutil.Eventually: n rounds stored.
+func (r *Rounds) Reached(n int64) func() bool { return func() bool { return r.Done() >= n } }
+
+// Stop ends the rounds after the one under way and returns the error that
+// ended them, if one did.
+func (r *Rounds) Stop() error {
+	close(r.stop)
+	return <-r.err
 }
