@@ -55,7 +55,9 @@ type KeyStreamsMove struct {
 //
 // Seeks to a time or snapshot from before the move deliver again the
 // unkeyed messages after the point and the keyed messages published since
-// the move, not the keyed ones of the topic's own stream.
+// the move, not the keyed ones of the topic's own stream. A MaxBytes
+// limit stays on the topic's own stream, and each key stream gets an
+// (n+1)th of it: Config then reports n+1 times the limit.
 func (t *Topic) MoveToKeyStreams(ctx context.Context, n int) (KeyStreamsMove, error) {
 	if n < 2 || !keyrouter.ValidKeyStreams(n) {
 		return KeyStreamsMove{}, fmt.Errorf("%w: move %s onto %d key streams: a power of two from 2 to %d", ErrInvalidConfig, t, n, keyrouter.MaxKeyStreams)
