@@ -191,10 +191,22 @@ type Cluster struct {
 
 // StartCluster starts n nodes (n >= 3 for R3 streams) on loopback, each with
 // its own store under baseDir, and waits until JetStream has a meta leader.
+// A route port taken between choosing it and binding it (by another
+// process's outgoing connection) makes it start again on new ports, up to
+// three times.
 func StartCluster(baseDir string, n int) (*Cluster, error) {
 	if n < 1 {
 		return nil, errors.New("embedded: a cluster needs at least one node")
 	}
+	for attempt := 1; ; attempt++ {
+		c, err := startCluster(filepath.Join(baseDir, "a"+strconv.Itoa(attempt)), n)
+		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return c, err
+		}
+	}
+}
+
+func startCluster(baseDir string, n int) (*Cluster, error) {
 	ports := make([]int, n)
 	for i := range ports {
 		p, err := freePort()
