@@ -80,7 +80,8 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 	str(&openEndpoints, "open-endpoints", "healthz,readyz", `HTTP endpoints served without access control, of healthz, readyz and metrics ("" none)`)
 	str(&allowUnauth, "allow-unauthenticated", "false", "serve without access control on addresses beyond loopback, and --nats-listen there without authentication (the sidecar refuses to otherwise)")
 	str(&c.DataDir, "data-dir", "./data", "JetStream store of the embedded nats-server")
-	var syncPolicy string
+	var syncPolicy, natsStart string
+	str(&natsStart, "nats-start-timeout", embedded.DefaultReadyTimeout.String(), "how long the embedded nats-server may take to start: it recovers every stream and consumer of --data-dir first (progress is logged every 10s)")
 	str(&syncPolicy, "sync", string(embedded.SyncGroup), `when the embedded server's writes reach disk before callers hear of them: "group" (group commit: every publish result and every created resource waits for a shared fsync), "always" (the server fsyncs each write; slower) or "lazy" (JetStream's default, a background fsync every 2 minutes: fastest, but a power cut or OS crash loses acknowledged publishes, topics and subscriptions written since)`)
 	str(&c.NATSListen, "nats-listen", "", "also expose the embedded server's client port, e.g. 127.0.0.1:4222 (default: off; beyond loopback it needs --nats-listen-user or --nats-listen-tls-client-ca)")
 	str(&c.NATSListenUser, "nats-listen-user", "", "user name clients of --nats-listen must give (with --nats-listen-password)")
@@ -185,6 +186,11 @@ func parseConfig(args []string, help io.Writer) (config, error) {
 		err = errors.Join(err, fmt.Errorf("--shutdown-timeout %q: want a duration such as 5s", shutdown))
 	} else {
 		c.ShutdownTimeout = d
+	}
+	if d, e := time.ParseDuration(natsStart); e != nil || d <= 0 {
+		err = errors.Join(err, fmt.Errorf("--nats-start-timeout %q: want a duration such as 5m", natsStart))
+	} else {
+		c.NATSStartTimeout = d
 	}
 	if o, e := parseOrigins(webhookOrigins); e != nil {
 		err = errors.Join(err, fmt.Errorf("--webhook-allowed-origins %q: %w", webhookOrigins, e))

@@ -19,8 +19,12 @@ func TestParseConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.DataDir != "/from/env" || cfg.MaxStreams != 7 || cfg.NATSListen != "" ||
-		cfg.GRPCAddr != "127.0.0.1:8085" || cfg.HTTPAddr != "127.0.0.1:8080" || cfg.ShutdownTimeout != 5*time.Second {
+		cfg.GRPCAddr != "127.0.0.1:8085" || cfg.HTTPAddr != "127.0.0.1:8080" || cfg.ShutdownTimeout != 5*time.Second ||
+		cfg.NATSStartTimeout != 5*time.Minute {
 		t.Fatalf("defaults and env: %+v", cfg)
+	}
+	if cfg, err = parseConfig([]string{"--nats-start-timeout", "90s"}, io.Discard); err != nil || cfg.NATSStartTimeout != 90*time.Second {
+		t.Errorf("--nats-start-timeout 90s: %v, %v", cfg.NATSStartTimeout, err)
 	}
 	cfg, err = parseConfig([]string{"--data-dir", "/from/flag", "--nats-listen", "127.0.0.1:4222", "--grpc-addr", ":9000"}, io.Discard)
 	if err != nil || cfg.DataDir != "/from/flag" || cfg.NATSListen != "127.0.0.1:4222" || cfg.GRPCAddr != ":9000" {
@@ -42,6 +46,7 @@ func TestParseConfig(t *testing.T) {
 		{"--replicas", "0"},
 		{"--max-streams", "many"},
 		{"--shutdown-timeout", "soon"},
+		{"--nats-start-timeout", "0s"},
 		{"--tls-cert", "cert.pem"},
 		{"--nats-url", "nats://x", "--nats-tls-key", "key.pem"},
 		{"--nats-user", "u", "--nats-password", "p"}, // without --nats-url

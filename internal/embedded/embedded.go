@@ -20,6 +20,15 @@ import (
 // the start-up timeout.
 var ErrNotReady = errors.New("embedded: nats-server not ready")
 
+// DefaultReadyTimeout bounds start-up when Config.ReadyTimeout is zero. A
+// server recovers its whole store (every stream and consumer) before it
+// accepts connections, which takes seconds for thousands of consumers on a
+// busy machine.
+const DefaultReadyTimeout = 5 * time.Minute
+
+// startProgressEvery is how often a start still under way is logged.
+const startProgressEvery = 10 * time.Second
+
 // MaxPayload is the embedded server's max_payload: a 10 MiB Pub/Sub
 // message with 100 attributes, percent-encoded, and the identity headers.
 const MaxPayload = 12 << 20
@@ -37,7 +46,8 @@ type Config struct {
 	NoListen bool
 	// ServerName names the node; nats-server picks one if empty.
 	ServerName string
-	// ReadyTimeout bounds start-up; default 10s.
+	// ReadyTimeout bounds start-up, recovering the store included;
+	// default DefaultReadyTimeout.
 	ReadyTimeout time.Duration
 	// Logger receives the server's own log: notices at debug level,
 	// warnings and errors at theirs. Nil discards it; a fatal error ends
@@ -151,10 +161,12 @@ func Start(cfg Config) (*Server, error) {
 	go s.Start()
 	timeout := cfg.ReadyTimeout
 	if timeout == 0 {
-		timeout = 10 * time.Second
+		timeout = DefaultReadyTimeout
 	}
 	// Wait in short steps, so that a fatal error ends the wait at once.
-	for deadline := time.Now().Add(timeout); !s.ReadyForConnections(50 * time.Millisecond); {
+	begun := time.Now()
+	nextProgress := begun.Add(startProgressEvery)
+	for deadline := begun.Add(timeout); !s.ReadyForConnections(50 * time.Millisecond); {
 		if err := bridge.fatal(); err != nil {
 			s.Shutdown()
 			return nil, fmt.Errorf("embedded: nats-server: %w", err)
@@ -162,6 +174,11 @@ func Start(cfg Config) (*Server, error) {
 		if time.Now().After(deadline) {
 			s.Shutdown()
 			return nil, fmt.Errorf("%w after %v", ErrNotReady, timeout)
+		}
+		if time.Now().After(nextProgress) && cfg.Logger != nil {
+			nextProgress = nextProgress.Add(startProgressEvery)
+			cfg.Logger.Info("nats-server still starting: recovering its JetStream store", "store", cfg.StoreDir,
+				"elapsed", time.Since(begun).Round(time.Second), "timeout", timeout)
 		}
 	}
 	started = true

@@ -66,6 +66,9 @@ type Config struct {
 	OpenEndpoints []string
 
 	DataDir string // the embedded server's JetStream store
+	// NATSStartTimeout bounds the embedded server's start, recovering its
+	// store included; default embedded.DefaultReadyTimeout.
+	NATSStartTimeout time.Duration
 	// Sync is when the embedded server's writes reach stable storage
 	// before callers hear of them: embedded.SyncGroup ("" means it),
 	// SyncAlways or SyncLazy (docs/RELIABILITY.md, "Power cuts").
@@ -699,7 +702,8 @@ func connect(cfg Config, log *slog.Logger) (*nats.Conn, *embedded.Server, error)
 		if err != nil {
 			return nil, nil, err
 		}
-		ecfg := embedded.Config{StoreDir: cfg.DataDir, NoListen: cfg.NATSListen == "", Logger: log, Sync: cfg.Sync, Configure: configure}
+		ecfg := embedded.Config{StoreDir: cfg.DataDir, NoListen: cfg.NATSListen == "", Logger: log, Sync: cfg.Sync, Configure: configure,
+			ReadyTimeout: cfg.NATSStartTimeout}
 		if cfg.NATSListen != "" {
 			host, port, err := net.SplitHostPort(cfg.NATSListen)
 			if err != nil {
