@@ -123,7 +123,11 @@
 // only if the key consumer still counts it as its latest, unacked, and,
 // for a redelivery, once the other receivers say they do not hold the
 // message; each of them then drops the earlier delivery should it come
-// (receiver.keyDeliveryDue, perKeyMode.heldElsewhere).
+// (receiver.keyDeliveryDue, perKeyMode.heldElsewhere). A deposed leader
+// catching up may also send a twin of its successor's first delivery, so
+// for a while after a key consumer's leader is elected (nats-server's
+// advisory) its first deliveries are checked the same way
+// (receiver.newLeaderLately).
 //
 // # Inspection
 //

@@ -2,10 +2,15 @@ package adapter
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetorder/jetorder/keyrouter"
 )
 
 // keyedDelivery runs an ordered subscription's DeliveryMode within one
@@ -72,11 +77,18 @@ type perKeyMode struct {
 	peersMu    sync.Mutex
 	peers      map[string]bool
 	peersKnown bool
+
+	// elections are the subscriptions to the leader elections of the key
+	// consumers' streams (receiver.newLeaderLately).
+	elections []*nats.Subscription
 }
 
 var _ keyedDelivery = (*perKeyMode)(nil)
 
 func (m *perKeyMode) start(ctx context.Context) error {
+	if err := m.watchElections(); err != nil {
+		return err
+	}
 	if err := m.join(ctx); err != nil {
 		return err
 	}
@@ -100,6 +112,39 @@ func (m *perKeyMode) stop(time.Time) {
 		m.cancel()
 	}
 	m.done.Wait()
+	for _, sub := range m.elections {
+		_ = sub.Unsubscribe()
+	}
 }
+
+// watchElections subscribes to nats-server's advisories of consumer
+// leaders elected on the streams of the subscription's key consumers. A
+// user without the permission to subscribe gets none (NATS reports the
+// violation as an asynchronous error), and its receivers check copies of
+// deposed leaders only as they did before (keyDeliveryDue).
+func (m *perKeyMode) watchElections() error {
+	streams := []string{m.r.rec.stream()}
+	if m.r.rec.split() {
+		streams = streams[:0]
+		for _, i := range keyStreamIndexes(m.r.rec.KeyStreams) {
+			streams = append(streams, keyrouter.KeyStreamName(m.r.rec.TopicProject, m.r.rec.Topic, i))
+		}
+	}
+	for _, stream := range streams {
+		sub, err := m.r.c.nc.Subscribe(consumerElectedAdvisory+"."+stream+".*", func(msg *nats.Msg) {
+			m.r.leaderElected(msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:])
+		})
+		if err != nil {
+			return fmt.Errorf("watch consumer leader elections: %w", err)
+		}
+		m.elections = append(m.elections, sub)
+	}
+	return nil
+}
+
+// consumerElectedAdvisory is the subject prefix of nats-server's
+// advisories of consumer leaders elected, followed by the stream and the
+// consumer.
+const consumerElectedAdvisory = "$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED"
 
 func (m *perKeyMode) end(deadline time.Time) { m.leave(deadline) }

@@ -156,9 +156,20 @@ type receiver struct {
 	// lastAcks are, per consumer, the last message a handler acked
 	// (noteAck), for hold checks.
 	lastAcks map[string]lastAck
-	stopping bool
-	fatal    error
-	fatalSet chan struct{}
+	// checking are the key consumer deliveries being checked before they
+	// may start (keyDeliveryDue), by message: the highest delivery number
+	// of each. Hold checks about them are answered "checking".
+	checking map[heldKey]uint64
+	// elected is, per key consumer, when a leader was last elected for
+	// it (nats-server's advisory): its deposed leader may still send
+	// copies for a while (newLeaderLately).
+	elected map[string]time.Time
+	// lastElection is when elected last changed (unix nanoseconds), so
+	// that a delivery needs no lock to know nothing changed lately.
+	lastElection atomic.Int64
+	stopping     bool
+	fatal        error
+	fatalSet     chan struct{}
 }
 
 // Receive calls f for each delivered message, concurrently, until ctx is
@@ -215,6 +226,8 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 			held:       make(map[heldKey]*delivery),
 			revoked:    make(map[heldKey]revocation),
 			lastAcks:   make(map[string]lastAck),
+			checking:   make(map[heldKey]uint64),
+			elected:    make(map[string]time.Time),
 			fatalSet:   make(chan struct{}),
 			superseded: make(chan struct{}),
 		}
@@ -555,24 +568,34 @@ func (r *receiver) onMsg(m *nats.Msg) {
 	if keyConsumer {
 		r.traceKey("key consumer delivery arrived", meta.Consumer, meta.Sequence.Stream, meta.Sequence.Consumer, meta.NumDelivered)
 	}
-	if staleCheck && keyConsumer && (meta.NumDelivered > 1 || time.Since(meta.Timestamp) > r.staleCheckAge()) {
+	if staleCheck && keyConsumer && (meta.NumDelivered > 1 || time.Since(meta.Timestamp) > r.staleCheckAge() || r.newLeaderLately(meta.Consumer)) {
+		k, dseq := heldKey{consumer: meta.Consumer, seq: meta.Sequence.Stream}, meta.Sequence.Consumer
 		r.mu.Lock()
 		acked := r.ackedHereLocked(meta.Consumer, meta.Sequence.Stream, meta.Timestamp)
+		if !acked && r.checking[k] < dseq {
+			r.checking[k] = dseq
+		}
 		r.mu.Unlock()
 		if acked {
 			// Not worth asking anyone about (arrive drops it).
 			r.dropAckedHere(m, meta)
 			return
 		}
-		// A key consumer's redelivery, or a message stored a while ago:
-		// either may no longer be the key's to deliver. Asked off the
-		// delivery goroutine, which every key shares.
+		// A key consumer's redelivery, a message stored a while ago, or
+		// a delivery of a consumer whose leader changed lately: each may
+		// not be the key's to deliver. Asked off the delivery goroutine,
+		// which every key shares.
 		r.loops.Add(1)
 		go func() {
 			defer r.loops.Done()
 			if r.keyDeliveryDue(m, meta) {
 				r.arrive(m, meta)
 			}
+			r.mu.Lock()
+			if r.checking[k] == dseq {
+				delete(r.checking, k)
+			}
+			r.mu.Unlock()
 		}()
 		return
 	}
@@ -608,6 +631,43 @@ func (r *receiver) staleCheckAge() time.Duration {
 // clusterStaleAge is staleCheckAge's bound on a cluster.
 const clusterStaleAge = 2500 * time.Millisecond
 
+// newLeaderWindow is how long after a key consumer's leader election its
+// receivers check each of its first deliveries (newLeaderLately).
+const newLeaderWindow = time.Minute
+
+// newLeaderLately reports whether a leader was elected for the key
+// consumer within newLeaderWindow. Until its deposed leader has stepped
+// down, which may be as late as it is paused (a stopped process, a frozen
+// host), nats-server may send a delivery of the deposed leader's beside
+// its successor's: the same message with the same delivery number, or
+// another message under that number (RELIABILITY.md, "A deposed consumer
+// leader does not deliver"). Both reach receivers as first deliveries of
+// messages stored just now, which only the consumer and the other
+// receivers can tell apart (keyDeliveryDue).
+func (r *receiver) newLeaderLately(consumer string) bool {
+	if time.Since(time.Unix(0, r.lastElection.Load())) >= newLeaderWindow {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.elected[consumer]
+	return ok && time.Since(at) < newLeaderWindow
+}
+
+// leaderElected notes an advisory of a leader elected for a consumer.
+func (r *receiver) leaderElected(consumer string) {
+	if !r.isKeyConsumer(consumer) {
+		return
+	}
+	now := time.Now()
+	r.mu.Lock()
+	r.elected[consumer] = now
+	r.mu.Unlock()
+	r.lastElection.Store(now.UnixNano())
+	r.c.cfg.logger.Debug("key consumer leader elected: its first deliveries are checked for a while", "subscription", r.sub.id,
+		"consumer", consumer, "for", newLeaderWindow)
+}
+
 // keyDeliveryDue reports whether m, a key consumer's delivery that is a
 // redelivery or of a message stored a while ago, is to be delivered:
 // whether it is the consumer's latest delivery, of a message the consumer
@@ -623,7 +683,9 @@ const clusterStaleAge = 2500 * time.Millisecond
 //   - a redelivery of a message the consumer had delivered past: the
 //     server had its ack and lost it (a consumer leader that failed before
 //     it passed the ack on). Pub/Sub would deliver every later message of
-//     the key again too; JetStream redelivers only this one.
+//     the key again too; JetStream redelivers only this one;
+//   - a deposed leader's delivery of another message than the one the
+//     consumer delivered under that number (newLeaderLately).
 //
 // (The consumer's state in a cluster may not show the latest delivery yet:
 // a delivery sequence above the state's is taken for the latest.)
@@ -637,8 +699,10 @@ const clusterStaleAge = 2500 * time.Millisecond
 //
 // A redelivery the consumer still counts as due may yet meet its earlier
 // delivery: still in another receiver's handler (whose deadline extensions
-// a paused or cut-off server did not pass on), or on its way there. So the
-// other receivers are asked too (perKeyMode.heldElsewhere): one that holds
+// a paused or cut-off server did not pass on), or on its way there; and a
+// first delivery of a consumer whose leader changed lately may have a
+// twin, the same message under the same number, sent by the deposed
+// leader. So the other receivers are asked too (perKeyMode.heldElsewhere): one that holds
 // the message keeps it, and the redelivery is dropped; one that acked it
 // lately has it acked again; and each that does not hold it drops the
 // earlier delivery should it come. A receiver that neither answers nor is
@@ -663,7 +727,10 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			acked := info.AckFloor.Stream >= seq
 			overtaken := info.Delivered.Consumer > dseq // delivered again, or the key went on
 			lostAck := meta.NumDelivered > 1 && !overtaken && info.Delivered.Stream > seq
-			if acked || overtaken || lostAck {
+			// With a message unacked the consumer moves on to no other, so
+			// its number names that message alone.
+			otherUnderNumber := !acked && info.Delivered.Consumer == dseq && info.Delivered.Stream != seq
+			if acked || overtaken || lostAck || otherUnderNumber {
 				r.c.cfg.logger.Debug("key consumer delivery no longer due: dropped", "subscription", r.sub.id,
 					"consumer", meta.Consumer, "seq", seq, "dseq", dseq, "attempt", meta.NumDelivered, "delivered", info.Delivered.Stream,
 					"delivered_dseq", info.Delivered.Consumer, "ack_floor", info.AckFloor.Stream)
@@ -693,20 +760,20 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 				"subscription", r.sub.id, "consumer", meta.Consumer, "seq", seq, "err", err)
 		}
 		cancel()
-		if meta.NumDelivered == 1 {
+		if meta.NumDelivered == 1 && !r.newLeaderLately(meta.Consumer) {
 			return true
 		}
-		held, err := r.redeliveryHeldElsewhere(m, meta)
+		held, err := r.deliveryHeldElsewhere(m, meta)
 		switch {
 		case err == nil && held == heldByNone:
 			return true
 		case err == nil:
-			r.c.cfg.logger.Debug("key consumer redelivery dropped: another receiver holds the message, or acked it",
+			r.c.cfg.logger.Debug("key consumer delivery dropped: another receiver holds the message, or acked it",
 				"subscription", r.sub.id, "consumer", meta.Consumer, "seq", seq, "dseq", dseq, "acked", held == ackedByPeer)
 			return false
 		case time.Now().After(giveUp):
 			// Its next delivery asks again.
-			r.c.cfg.logger.Debug("key consumer redelivery dropped: a receiver that may hold the message did not answer", "subscription", r.sub.id,
+			r.c.cfg.logger.Debug("key consumer delivery dropped: a receiver that may hold the message did not answer", "subscription", r.sub.id,
 				"consumer", meta.Consumer, "seq", seq, "err", err)
 			return false
 		}
@@ -758,10 +825,10 @@ func (r *receiver) handBackUnasked(m *nats.Msg) bool {
 	return false
 }
 
-// redeliveryHeldElsewhere asks the other receivers of the subscription
+// deliveryHeldElsewhere asks the other receivers of the subscription
 // whether they hold m's message (perKeyMode.heldElsewhere); acked by one,
 // m is acked again unseen.
-func (r *receiver) redeliveryHeldElsewhere(m *nats.Msg, meta *nats.MsgMetadata) (holdAnswer, error) {
+func (r *receiver) deliveryHeldElsewhere(m *nats.Msg, meta *nats.MsgMetadata) (holdAnswer, error) {
 	pk, ok := r.mode.(*perKeyMode)
 	if !ok {
 		return heldByNone, nil

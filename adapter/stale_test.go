@@ -136,6 +136,7 @@ func TestKeyDeliveryDue(t *testing.T) {
 		{"a redelivery of m0, acked and passed", 2, 1, cur + 1, time.Now(), false},
 		{"an earlier delivery of m1, delivered again since", 1, 2, cur - 1, time.Now().Add(-time.Minute), false},
 		{"m1's current delivery", 1, 2, cur, time.Now().Add(-time.Minute), true},
+		{"a deposed leader's delivery of another message under m1's number", 1, 3, cur, time.Now().Add(-time.Minute), false},
 		{"a redelivery of m1 the consumer's state does not show yet, while another receiver holds m1", 2, 2, cur + 1, time.Now(), false},
 	} {
 		m, meta := delivery(d.attempt, d.seq, d.dseq, d.stored)
@@ -143,9 +144,25 @@ func TestKeyDeliveryDue(t *testing.T) {
 			t.Errorf("%s: due %v, want %v", d.what, due, d.due)
 		}
 	}
-	// With no other member to hold it, the redelivery is due.
+	// A leader was elected for the consumer lately: a first delivery, of
+	// a message stored just now, may be a deposed leader's twin of one
+	// another receiver holds.
+	m, meta := delivery(1, 2, cur, time.Now())
+	if !r.keyDeliveryDue(m, meta) {
+		t.Error("m1's current delivery, stored just now: not due")
+	}
+	r.elected = map[string]time.Time{}
+	r.leaderElected(info.Name)
+	if r.keyDeliveryDue(m, meta) {
+		t.Error("m1's current delivery, its consumer's leader elected lately, while another receiver holds m1: due")
+	}
+	// With no other member to hold it, the redelivery is due, and so is
+	// the first delivery.
 	clear(pk.peers)
-	m, meta := delivery(2, 2, cur+1, time.Now())
+	if !r.keyDeliveryDue(m, meta) {
+		t.Error("m1's current delivery, its consumer's leader elected lately, no other receiver holding m1: not due")
+	}
+	m, meta = delivery(2, 2, cur+1, time.Now())
 	if !r.keyDeliveryDue(m, meta) {
 		t.Error("a redelivery of m1 no other receiver holds: not due")
 	}
@@ -168,7 +185,7 @@ func TestKeyDeliveryOfMessageAckedHere(t *testing.T) {
 		t.Fatal(err)
 	}
 	consumer := keyrouter.KeyConsumer("p", "sub", "k")
-	r := &receiver{c: c, sub: sub, rec: rec, hctx: ctx, held: make(map[heldKey]*delivery), lastAcks: make(map[string]lastAck), fatalSet: make(chan struct{})}
+	r := &receiver{c: c, sub: sub, rec: rec, hctx: ctx, held: make(map[heldKey]*delivery), lastAcks: make(map[string]lastAck), checking: make(map[heldKey]uint64), fatalSet: make(chan struct{})}
 	r.mode = &perKeyMode{r: r}
 	stored := time.Now()
 	delivery := func(seq uint64, stored time.Time) *delivery {

@@ -73,11 +73,13 @@ func encodeHoldChecks(cs []holdCheck) []byte {
 }
 
 // answerHoldCheck answers a hold check (a line "consumer seq dseq" per
-// message), a sweep's or a receiver's about a redelivery it got
+// message), a sweep's or a receiver's about a delivery it got
 // (receiver.heldElsewhere): the lines "consumer seq" of the messages this
-// receiver holds, and "consumer seq acked" of those it acked lately, or
+// receiver holds, "consumer seq acked" of those it acked lately, or
 // acked a later message of their key lately (their acks may not have
-// reached the server yet). Every one it does not hold it revokes.
+// reached the server yet), and "consumer seq checking dseq" of those of
+// which it is checking a delivery itself (receiver.checking). Every other
+// one it revokes. (Builds before "checking" read such a line as held.)
 func (r *receiver) answerHoldCheck(req []byte) []byte {
 	var held bytes.Buffer
 	now := time.Now()
@@ -98,11 +100,19 @@ func (r *receiver) answerHoldCheck(req []byte) []byte {
 			fmt.Fprintf(&held, "%s %d\n", f[0], seq)
 			continue
 		}
-		if r.ackedHereLocked(k.consumer, seq, time.Time{}) {
+		acked := r.ackedHereLocked(k.consumer, seq, time.Time{})
+		if acked {
 			// This message, or a later one of its key (so this one was
 			// acked before it): a redelivery of it would take the key
 			// back.
 			fmt.Fprintf(&held, "%s %d acked\n", f[0], seq)
+		}
+		if cd, ok := r.checking[k]; ok && !acked {
+			// A copy of it is being checked here at the same time: the
+			// two receivers settle which one runs (heldElsewhere), and
+			// neither revokes the other's.
+			fmt.Fprintf(&held, "%s %d checking %d\n", f[0], seq, cd)
+			continue
 		}
 		if rv := r.revoked[k]; rv.upTo < dseq {
 			r.revoked[k] = revocation{upTo: dseq, at: now}
@@ -119,7 +129,7 @@ func (r *receiver) revokedLocked(k heldKey, dseq uint64) bool {
 }
 
 // forgetRevocations drops revocations, and last acks, older than
-// revocationLife.
+// revocationLife, and leader elections older than newLeaderWindow.
 func (r *receiver) forgetRevocations() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -131,6 +141,11 @@ func (r *receiver) forgetRevocations() {
 	for c, a := range r.lastAcks {
 		if time.Since(a.at) > revocationLife {
 			delete(r.lastAcks, c)
+		}
+	}
+	for c, at := range r.elected {
+		if time.Since(at) > newLeaderWindow {
+			delete(r.elected, c)
 		}
 	}
 }
@@ -467,10 +482,10 @@ func (o *discoverer) askMembers(ctx context.Context, dead string, checks []holdC
 				}
 				answer = a
 			}
-			for k, acked := range parseHoldAnswer(answer) {
+			for k, l := range parseHoldAnswer(answer) {
 				// A message acked lately is not held: its ack may be one
 				// a restarted server lost, which is what a sweep is for.
-				if !acked {
+				if l.held() {
 					held[k] = true
 				}
 			}
@@ -479,10 +494,21 @@ func (o *discoverer) askMembers(ctx context.Context, dead string, checks []holdC
 	return held, nil
 }
 
+// holdLine is one line of a hold check's answer about a message.
+type holdLine struct {
+	acked    bool   // the member acked it lately
+	checking bool   // the member is checking a delivery of it, number dseq
+	dseq     uint64 // with checking
+}
+
+// held reports whether the member holds the message, in a handler or on
+// its way to one (a delivery being checked counts).
+func (l holdLine) held() bool { return !l.acked }
+
 // parseHoldAnswer reads a hold check's answer (answerHoldCheck): the
-// messages held, and (true) those acked lately.
-func parseHoldAnswer(answer []byte) map[heldKey]bool {
-	out := make(map[heldKey]bool)
+// messages the member named, and what it said of each.
+func parseHoldAnswer(answer []byte) map[heldKey]holdLine {
+	out := make(map[heldKey]holdLine)
 	for line := range strings.Lines(string(answer)) {
 		f := strings.Fields(line)
 		if len(f) < 2 {
@@ -493,7 +519,15 @@ func parseHoldAnswer(answer []byte) map[heldKey]bool {
 			continue
 		}
 		k := heldKey{consumer: f[0], seq: n}
-		out[k] = out[k] || len(f) == 3 && f[2] == "acked"
+		l := out[k]
+		switch {
+		case len(f) == 3 && f[2] == "acked":
+			l.acked = true
+		case len(f) == 4 && f[2] == "checking":
+			l.checking = true
+			l.dseq, _ = strconv.ParseUint(f[3], 10, 64)
+		}
+		out[k] = l
 	}
 	return out
 }
@@ -568,6 +602,18 @@ const (
 	heldByPeer             // a member holds it: in a handler, or waiting for one
 )
 
+// yields reports whether this receiver's copy of a message, delivery
+// number dseq, gives way to another member's copy, number otherDseq, that
+// member other is checking at the same time: the later delivery wins (the
+// earlier one is stale, and its own check finds it so), and of two with
+// one number the copy of the member whose id sorts first.
+func (r *receiver) yields(otherDseq uint64, other string, dseq uint64) bool {
+	if otherDseq != dseq {
+		return otherDseq > dseq
+	}
+	return other < r.presence.id
+}
+
 // peerIDs are the other members' presence ids: as watchPeers has read
 // them, or, before it has read them all, as listed now.
 func (m *perKeyMode) peerIDs(ctx context.Context) ([]string, error) {
@@ -612,7 +658,11 @@ func listMembers(ctx context.Context, kv jetstream.KeyValue, sub *Subscription) 
 // delivery may still be in another member's hands, its ack deadline
 // having passed while that member's server was paused or cut off, or
 // reach it only now. The member's lock orders the two: it either holds
-// the earlier delivery when asked, or drops it when it comes. An error
+// the earlier delivery when asked, or drops it when it comes. A member
+// checking a copy of the message itself at that moment (two copies of a
+// first delivery, from a deposed consumer leader and its successor, as
+// keyDeliveryDue says) answers so: the two settle it alike from both
+// ends (receiver.yields), and exactly one of the copies runs. An error
 // says a member neither answered nor is gone.
 func (m *perKeyMode) heldElsewhere(ctx context.Context, c holdCheck) (holdAnswer, error) {
 	ids, err := m.peerIDs(ctx)
@@ -627,12 +677,14 @@ func (m *perKeyMode) heldElsewhere(ctx context.Context, c holdCheck) (holdAnswer
 	for i, id := range ids {
 		wg.Go(func() {
 			a, gone, err := m.r.presence.ask(ctx, id, req)
-			switch acked, ok := parseHoldAnswer(a)[k]; {
+			switch l, ok := parseHoldAnswer(a)[k]; {
 			case err != nil:
 				errs[i] = fmt.Errorf("member %s: %w", id, err)
 			case gone || !ok:
-			case acked:
+			case l.acked:
 				answers[i] = ackedByPeer
+			case l.checking && !m.r.yields(l.dseq, id, c.dseq):
+				// Both check a copy at once: the other one yields.
 			default:
 				answers[i] = heldByPeer
 			}

@@ -56,22 +56,62 @@ func TestAnswerHoldCheck(t *testing.T) {
 // unseen; a sweep counts it as not held (its ack may be one a restarted
 // server lost). A later message of the key is not.
 func TestAnswerHoldCheckAcked(t *testing.T) {
-	r := &receiver{held: map[heldKey]*delivery{}, revoked: map[heldKey]revocation{}, lastAcks: map[string]lastAck{}}
+	r := &receiver{held: map[heldKey]*delivery{}, revoked: map[heldKey]revocation{}, lastAcks: map[string]lastAck{}, checking: map[heldKey]uint64{}}
 	d := &delivery{key: heldKey{consumer: "c1", seq: 10}}
 	r.held[d.key] = d
 	r.noteAck(d)
-	if got := parseHoldAnswer(r.answerHoldCheck([]byte("c1 10 3\n"))); len(got) != 1 || got[d.key] {
+	if got := parseHoldAnswer(r.answerHoldCheck([]byte("c1 10 3\n"))); len(got) != 1 || !got[d.key].held() {
 		t.Fatalf("held and acked: answer %v, want held", got)
 	}
 	delete(r.held, d.key)
 	got := parseHoldAnswer(r.answerHoldCheck([]byte("c1 10 3\nc1 9 2\nc1 11 4\nc2 10 3\n")))
 	before := heldKey{consumer: "c1", seq: 9}
-	if len(got) != 2 || !got[d.key] || !got[before] {
+	if len(got) != 2 || !got[d.key].acked || !got[before].acked {
 		t.Fatalf("acked: answer %v, want messages 9 and 10 of c1 acked, and nothing else", got)
 	}
 	r.lastAcks["c1"] = lastAck{seq: 10, at: time.Now().Add(-revocationLife - time.Second)}
 	r.forgetRevocations()
 	if got := r.answerHoldCheck([]byte("c1 10 3\n")); len(got) != 0 {
 		t.Fatalf("an old ack was kept: answer %q", got)
+	}
+}
+
+// Two receivers checking copies of one message at once (a deposed
+// consumer leader's and its successor's) answer "checking" with their
+// delivery number, revoke nothing, and settle it alike from both ends:
+// the later delivery runs, and of two with one number the copy of the
+// receiver whose id sorts first.
+func TestHoldCheckWhileChecking(t *testing.T) {
+	k := heldKey{consumer: "c1", seq: 10}
+	newReceiver := func(id string) *receiver {
+		return &receiver{presence: &presence{id: id}, held: map[heldKey]*delivery{}, revoked: map[heldKey]revocation{},
+			lastAcks: map[string]lastAck{}, checking: map[heldKey]uint64{k: 7}}
+	}
+	a, b := newReceiver("a"), newReceiver("b")
+	got := parseHoldAnswer(a.answerHoldCheck([]byte("c1 10 7\n")))
+	if l := got[k]; len(got) != 1 || !l.checking || l.dseq != 7 || l.acked || !l.held() {
+		t.Fatalf("answer %+v, want c1 10 checking 7", got)
+	}
+	if a.revokedLocked(k, 7) {
+		t.Fatal("a hold check revoked the copy being checked")
+	}
+	for _, tt := range []struct {
+		mine, theirs uint64
+		aYields      bool
+	}{
+		{7, 7, false}, // one number: "a" sorts first and keeps its copy
+		{7, 8, true},  // the later delivery runs
+		{8, 7, false},
+	} {
+		if got := a.yields(tt.theirs, "b", tt.mine); got != tt.aYields {
+			t.Errorf("a (dseq %d) yields to b (dseq %d): %v, want %v", tt.mine, tt.theirs, got, tt.aYields)
+		}
+		if got := b.yields(tt.mine, "a", tt.theirs); got == tt.aYields {
+			t.Errorf("b (dseq %d) yields to a (dseq %d): %v, want %v", tt.theirs, tt.mine, got, !tt.aYields)
+		}
+	}
+	// An old build reads the line as held: it drops its own copy.
+	if old := parseHoldAnswer([]byte("c1 10 checking 7\n"))[k]; !old.held() {
+		t.Error("a checking line is not held")
 	}
 }
