@@ -633,7 +633,7 @@ const clusterStaleAge = 2500 * time.Millisecond
 
 // newLeaderWindow is how long after a key consumer's leader election its
 // receivers check each of its first deliveries (newLeaderLately).
-const newLeaderWindow = time.Minute
+const newLeaderWindow = 30 * time.Second
 
 // newLeaderLately reports whether a leader was elected for the key
 // consumer within newLeaderWindow. Until its deposed leader has stepped
@@ -707,7 +707,8 @@ func (r *receiver) leaderElected(consumer string) {
 // lately has it acked again; and each that does not hold it drops the
 // earlier delivery should it come. A receiver that neither answers nor is
 // gone within the time below has the redelivery dropped: the message comes
-// again after its ack deadline, and is asked about again.
+// again after its ack deadline, and is asked about again. (A first
+// delivery is handed over at once then.)
 //
 // The consumer is asked for up to min(ack deadline / 4, 2 s); when it does
 // not answer (a cluster electing its leaders), the delivery is handed over
@@ -771,6 +772,14 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			r.c.cfg.logger.Debug("key consumer delivery dropped: another receiver holds the message, or acked it",
 				"subscription", r.sub.id, "consumer", meta.Consumer, "seq", seq, "dseq", dseq, "acked", held == ackedByPeer)
 			return false
+		case meta.NumDelivered == 1:
+			// Asked once: a twin comes from a deposed leader catching up
+			// with the cluster, which a receiver cut off from the others
+			// is not, and dropping the delivery would hold its key until
+			// its deadline.
+			r.c.cfg.logger.Debug("key consumer delivery handed over: a receiver that may hold a twin did not answer", "subscription", r.sub.id,
+				"consumer", meta.Consumer, "seq", seq, "err", err)
+			return true
 		case time.Now().After(giveUp):
 			// Its next delivery asks again.
 			r.c.cfg.logger.Debug("key consumer delivery dropped: a receiver that may hold the message did not answer", "subscription", r.sub.id,
