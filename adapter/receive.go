@@ -669,7 +669,8 @@ func (r *receiver) leaderElected(consumer string) {
 }
 
 // keyDeliveryDue reports whether m, a key consumer's delivery that is a
-// redelivery or of a message stored a while ago, is to be delivered:
+// redelivery, of a message stored a while ago, or of a consumer whose
+// leader changed lately, is to be delivered:
 // whether it is the consumer's latest delivery, of a message the consumer
 // still has unacked and has delivered nothing of the key after.
 //
@@ -702,10 +703,11 @@ func (r *receiver) leaderElected(consumer string) {
 // a paused or cut-off server did not pass on), or on its way there; and a
 // first delivery of a consumer whose leader changed lately may have a
 // twin, the same message under the same number, sent by the deposed
-// leader. So the other receivers are asked too (perKeyMode.heldElsewhere): one that holds
-// the message keeps it, and the redelivery is dropped; one that acked it
-// lately has it acked again; and each that does not hold it drops the
-// earlier delivery should it come. A receiver that neither answers nor is
+// leader. So the other receivers are asked too (perKeyMode.heldElsewhere):
+// one that holds the message keeps it, and the delivery is dropped; one
+// that acked it lately has it acked again; one checking a copy of it
+// settles with this one which runs (receiver.yields); and each that does
+// not hold it drops the earlier delivery should it come. A receiver that neither answers nor is
 // gone within the time below has the redelivery dropped: the message comes
 // again after its ack deadline, and is asked about again. (A first
 // delivery is handed over at once then.)

@@ -79,7 +79,8 @@ func encodeHoldChecks(cs []holdCheck) []byte {
 // acked a later message of their key lately (their acks may not have
 // reached the server yet), and "consumer seq checking dseq" of those of
 // which it is checking a delivery itself (receiver.checking). Every other
-// one it revokes. (Builds before "checking" read such a line as held.)
+// one it revokes, and one it is checking an earlier delivery of than the
+// asker's. (Builds before "checking" read such a line as held.)
 func (r *receiver) answerHoldCheck(req []byte) []byte {
 	var held bytes.Buffer
 	now := time.Now()
@@ -108,11 +109,14 @@ func (r *receiver) answerHoldCheck(req []byte) []byte {
 			fmt.Fprintf(&held, "%s %d acked\n", f[0], seq)
 		}
 		if cd, ok := r.checking[k]; ok && !acked {
-			// A copy of it is being checked here at the same time: the
-			// two receivers settle which one runs (heldElsewhere), and
-			// neither revokes the other's.
+			// A copy of it is being checked here at the same time. A twin
+			// (or a later delivery) the two receivers settle between them
+			// (heldElsewhere); an earlier one than the asker's is stale,
+			// and revoked below as ever.
 			fmt.Fprintf(&held, "%s %d checking %d\n", f[0], seq, cd)
-			continue
+			if dseq <= cd {
+				continue
+			}
 		}
 		if rv := r.revoked[k]; rv.upTo < dseq {
 			r.revoked[k] = revocation{upTo: dseq, at: now}

@@ -95,6 +95,12 @@ func TestHoldCheckWhileChecking(t *testing.T) {
 	if a.revokedLocked(k, 7) {
 		t.Fatal("a hold check revoked the copy being checked")
 	}
+	// Asked about a later delivery (a redelivery elsewhere), the copy
+	// being checked is stale: revoked, so it is dropped should its own
+	// check let it through.
+	if l := parseHoldAnswer(a.answerHoldCheck([]byte("c1 10 8\n")))[k]; !l.checking || !a.revokedLocked(k, 7) {
+		t.Fatalf("asked about delivery 8 while checking 7: answer %+v, revoked %v; want checking and revoked", l, a.revokedLocked(k, 7))
+	}
 	for _, tt := range []struct {
 		mine, theirs uint64
 		aYields      bool
