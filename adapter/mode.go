@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -132,7 +133,11 @@ func (m *perKeyMode) watchElections() error {
 	}
 	for _, stream := range streams {
 		sub, err := m.r.c.nc.Subscribe(consumerElectedAdvisory+"."+stream+".*", func(msg *nats.Msg) {
-			m.r.leaderElected(msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:])
+			var adv struct {
+				Time time.Time `json:"timestamp"` // the elected leader's clock
+			}
+			_ = json.Unmarshal(msg.Data, &adv)
+			m.r.leaderElected(msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:], adv.Time)
 		})
 		if err != nil {
 			return fmt.Errorf("watch consumer leader elections: %w", err)

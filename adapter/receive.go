@@ -163,7 +163,7 @@ type receiver struct {
 	// elected is, per key consumer, when a leader was last elected for
 	// it (nats-server's advisory): its deposed leader may still send
 	// copies for a while (newLeaderLately).
-	elected map[string]time.Time
+	elected map[string]election
 	// lastElection is when elected last changed (unix nanoseconds), so
 	// that a delivery needs no lock to know nothing changed lately.
 	lastElection atomic.Int64
@@ -227,7 +227,7 @@ func (s *Subscription) Receive(ctx context.Context, f func(context.Context, *Mes
 			revoked:    make(map[heldKey]revocation),
 			lastAcks:   make(map[string]lastAck),
 			checking:   make(map[heldKey]uint64),
-			elected:    make(map[string]time.Time),
+			elected:    make(map[string]election),
 			fatalSet:   make(chan struct{}),
 			superseded: make(chan struct{}),
 		}
@@ -572,10 +572,19 @@ func (r *receiver) onMsg(m *nats.Msg) {
 		k, dseq := heldKey{consumer: meta.Consumer, seq: meta.Sequence.Stream}, meta.Sequence.Consumer
 		r.mu.Lock()
 		acked := r.ackedHereLocked(meta.Consumer, meta.Sequence.Stream, meta.Timestamp)
-		if !acked && r.checking[k] < dseq {
+		revoked := !acked && r.revokedLocked(k, dseq)
+		if !acked && !revoked && r.checking[k] < dseq {
+			// Claimed before anyone is asked: a receiver asked about its
+			// twin meanwhile answers "checking" (answerHoldCheck).
 			r.checking[k] = dseq
 		}
 		r.mu.Unlock()
+		if revoked {
+			// As arrive would: handed back, or a twin's receiver was
+			// asked about it first.
+			r.traceKey("key consumer delivery dropped: handed back while on its way", meta.Consumer, meta.Sequence.Stream, dseq, meta.NumDelivered)
+			return
+		}
 		if acked {
 			// Not worth asking anyone about (arrive drops it).
 			r.dropAckedHere(m, meta)
@@ -633,7 +642,18 @@ const clusterStaleAge = 2500 * time.Millisecond
 
 // newLeaderWindow is how long after a key consumer's leader election its
 // receivers check each of its first deliveries (newLeaderLately).
-const newLeaderWindow = 30 * time.Second
+const newLeaderWindow = time.Minute
+
+// firstElectionSlack is how soon after a key consumer's creation its
+// leader's election is taken for its first, which deposes nobody: the
+// creation's time and the election's are of two servers' clocks.
+const firstElectionSlack = 5 * time.Second
+
+// election is a leader elected for a key consumer: when the advisory came,
+// and its time by the elected leader's clock.
+type election struct {
+	at, serverAt time.Time
+}
 
 // newLeaderLately reports whether a leader was elected for the key
 // consumer within newLeaderWindow. Until its deposed leader has stepped
@@ -650,22 +670,36 @@ func (r *receiver) newLeaderLately(consumer string) bool {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	at, ok := r.elected[consumer]
-	return ok && time.Since(at) < newLeaderWindow
+	e, ok := r.elected[consumer]
+	return ok && time.Since(e.at) < newLeaderWindow
 }
 
-// leaderElected notes an advisory of a leader elected for a consumer.
-func (r *receiver) leaderElected(consumer string) {
+// leaderElected notes an advisory of a leader elected for a consumer, at
+// serverAt by the leader's clock (zero if the advisory did not say).
+func (r *receiver) leaderElected(consumer string, serverAt time.Time) {
 	if !r.isKeyConsumer(consumer) {
 		return
 	}
 	now := time.Now()
 	r.mu.Lock()
-	r.elected[consumer] = now
+	r.elected[consumer] = election{at: now, serverAt: serverAt}
 	r.mu.Unlock()
 	r.lastElection.Store(now.UnixNano())
 	r.c.cfg.logger.Debug("key consumer leader elected: its first deliveries are checked for a while", "subscription", r.sub.id,
 		"consumer", consumer, "for", newLeaderWindow)
+}
+
+// firstElection forgets the consumer's election when it came within
+// firstElectionSlack of the consumer's creation: nats-server announces a
+// new consumer's first leader too, and no deposed leader can send a twin.
+// So a new key's deliveries cost one question to its consumer, not a
+// minute of them.
+func (r *receiver) firstElection(consumer string, created time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.elected[consumer]; ok && !e.serverAt.IsZero() && e.serverAt.Sub(created).Abs() < firstElectionSlack {
+		delete(r.elected, consumer)
+	}
 }
 
 // keyDeliveryDue reports whether m, a key consumer's delivery that is a
@@ -710,7 +744,7 @@ func (r *receiver) leaderElected(consumer string) {
 // not hold it drops the earlier delivery should it come. A receiver that neither answers nor is
 // gone within the time below has the redelivery dropped: the message comes
 // again after its ack deadline, and is asked about again. (A first
-// delivery is handed over at once then.)
+// delivery is handed over then.)
 //
 // The consumer is asked for up to min(ack deadline / 4, 2 s); when it does
 // not answer (a cluster electing its leaders), the delivery is handed over
@@ -733,6 +767,7 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			// With a message unacked the consumer moves on to no other, so
 			// its number names that message alone.
 			otherUnderNumber := !acked && info.Delivered.Consumer == dseq && info.Delivered.Stream != seq
+			r.firstElection(meta.Consumer, info.Created)
 			if acked || overtaken || lostAck || otherUnderNumber {
 				r.c.cfg.logger.Debug("key consumer delivery no longer due: dropped", "subscription", r.sub.id,
 					"consumer", meta.Consumer, "seq", seq, "dseq", dseq, "attempt", meta.NumDelivered, "delivered", info.Delivered.Stream,
@@ -774,11 +809,11 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			r.c.cfg.logger.Debug("key consumer delivery dropped: another receiver holds the message, or acked it",
 				"subscription", r.sub.id, "consumer", meta.Consumer, "seq", seq, "dseq", dseq, "acked", held == ackedByPeer)
 			return false
-		case meta.NumDelivered == 1:
-			// Asked once: a twin comes from a deposed leader catching up
-			// with the cluster, which a receiver cut off from the others
-			// is not, and dropping the delivery would hold its key until
-			// its deadline.
+		case time.Now().After(giveUp) && meta.NumDelivered == 1:
+			// A twin comes from a deposed leader catching up with the
+			// cluster, which a receiver cut off from the others is not,
+			// and dropping the delivery would hold its key until its
+			// deadline.
 			r.c.cfg.logger.Debug("key consumer delivery handed over: a receiver that may hold a twin did not answer", "subscription", r.sub.id,
 				"consumer", meta.Consumer, "seq", seq, "err", err)
 			return true

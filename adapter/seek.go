@@ -172,21 +172,24 @@ func (s *Subscription) FirstUnacked(ctx context.Context) (uint64, time.Time, err
 func (s *Subscription) FirstUnackedPoint(ctx context.Context) (Point, time.Time, error) {
 	ctx, cancel := s.c.withTimeout(ctx)
 	defer cancel()
+	rec, err := s.load(ctx)
+	if err != nil {
+		return Point{}, time.Time{}, err
+	}
 	for attempt := 1; ; attempt++ {
-		rec, err := s.load(ctx)
-		if err != nil {
-			return Point{}, time.Time{}, err
-		}
 		p, oldest, err := s.firstUnackedPoint(ctx, rec)
-		if err == nil || attempt == 3 {
+		if attempt == 3 {
 			return p, oldest, err
 		}
 		// Sought (or moved onto key streams) by another process
-		// meanwhile: its settle removes what this read of the epoch
-		// before, such as its discovery floor. The new epoch answers.
-		if now, lerr := s.load(ctx); lerr != nil || now.Epoch == rec.Epoch {
+		// meanwhile, the answer is of the epoch before, or its read
+		// failed: the settle removes that epoch's consumers and
+		// discovery floor. The new epoch answers.
+		now, lerr := s.load(ctx)
+		if lerr != nil || now.Epoch == rec.Epoch {
 			return p, oldest, err
 		}
+		rec = now
 	}
 }
 

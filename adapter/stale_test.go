@@ -151,8 +151,14 @@ func TestKeyDeliveryDue(t *testing.T) {
 	if !r.keyDeliveryDue(m, meta) {
 		t.Error("m1's current delivery, stored just now: not due")
 	}
-	r.elected = map[string]time.Time{}
-	r.leaderElected(info.Name)
+	r.elected = map[string]election{}
+	// nats-server announces a new consumer's first leader too: nobody was
+	// deposed, and the delivery is due without asking the others.
+	r.leaderElected(info.Name, info.Created.Add(time.Second))
+	if !r.keyDeliveryDue(m, meta) {
+		t.Error("m1's current delivery, its consumer's first leader elected lately: not due")
+	}
+	r.leaderElected(info.Name, info.Created.Add(time.Minute))
 	if r.keyDeliveryDue(m, meta) {
 		t.Error("m1's current delivery, its consumer's leader elected lately, while another receiver holds m1: due")
 	}

@@ -78,9 +78,9 @@ func encodeHoldChecks(cs []holdCheck) []byte {
 // receiver holds, "consumer seq acked" of those it acked lately, or
 // acked a later message of their key lately (their acks may not have
 // reached the server yet), and "consumer seq checking dseq" of those of
-// which it is checking a delivery itself (receiver.checking). Every other
-// one it revokes, and one it is checking an earlier delivery of than the
-// asker's. (Builds before "checking" read such a line as held.)
+// which it is checking a twin of the asker's delivery, or a later one,
+// itself (receiver.checking). Every other one it revokes. (Builds before
+// "checking" read such a line as held.)
 func (r *receiver) answerHoldCheck(req []byte) []byte {
 	var held bytes.Buffer
 	now := time.Now()
@@ -108,15 +108,13 @@ func (r *receiver) answerHoldCheck(req []byte) []byte {
 			// back.
 			fmt.Fprintf(&held, "%s %d acked\n", f[0], seq)
 		}
-		if cd, ok := r.checking[k]; ok && !acked {
-			// A copy of it is being checked here at the same time. A twin
-			// (or a later delivery) the two receivers settle between them
-			// (heldElsewhere); an earlier one than the asker's is stale,
-			// and revoked below as ever.
+		if cd, ok := r.checking[k]; ok && !acked && dseq <= cd && !r.revokedLocked(k, cd) {
+			// A twin of the asker's delivery (or a later one) is being
+			// checked here at the same time: the two receivers settle
+			// which runs (heldElsewhere). An earlier one than the asker's
+			// is stale: revoked below, as ever, and not named.
 			fmt.Fprintf(&held, "%s %d checking %d\n", f[0], seq, cd)
-			if dseq <= cd {
-				continue
-			}
+			continue
 		}
 		if rv := r.revoked[k]; rv.upTo < dseq {
 			r.revoked[k] = revocation{upTo: dseq, at: now}
@@ -147,8 +145,8 @@ func (r *receiver) forgetRevocations() {
 			delete(r.lastAcks, c)
 		}
 	}
-	for c, at := range r.elected {
-		if time.Since(at) > newLeaderWindow {
+	for c, e := range r.elected {
+		if time.Since(e.at) > newLeaderWindow {
 			delete(r.elected, c)
 		}
 	}
@@ -666,8 +664,9 @@ func listMembers(ctx context.Context, kv jetstream.KeyValue, sub *Subscription) 
 // checking a copy of the message itself at that moment (two copies of a
 // first delivery, from a deposed consumer leader and its successor, as
 // keyDeliveryDue says) answers so: the two settle it alike from both
-// ends (receiver.yields), and exactly one of the copies runs. An error
-// says a member neither answered nor is gone.
+// ends (receiver.yields), and one of the copies runs, unless one of the
+// two does not hear the other's answer in time. An error says a member
+// neither answered nor is gone.
 func (m *perKeyMode) heldElsewhere(ctx context.Context, c holdCheck) (holdAnswer, error) {
 	ids, err := m.peerIDs(ctx)
 	if err != nil {
