@@ -809,11 +809,13 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			r.c.cfg.logger.Debug("key consumer delivery dropped: another receiver holds the message, or acked it",
 				"subscription", r.sub.id, "consumer", meta.Consumer, "seq", seq, "dseq", dseq, "acked", held == ackedByPeer)
 			return false
-		case time.Now().After(giveUp) && meta.NumDelivered == 1:
+		case meta.NumDelivered == 1 && (time.Now().After(giveUp) || !isTimeout(err)):
 			// A twin comes from a deposed leader catching up with the
 			// cluster, which a receiver cut off from the others is not,
 			// and dropping the delivery would hold its key until its
-			// deadline.
+			// deadline. A receiver slow to answer is asked again until
+			// then; one without a presence subscription (gone, or not
+			// yet seen after a reconnect) holds no twin to answer for.
 			r.c.cfg.logger.Debug("key consumer delivery handed over: a receiver that may hold a twin did not answer", "subscription", r.sub.id,
 				"consumer", meta.Consumer, "seq", seq, "err", err)
 			return true
@@ -827,6 +829,11 @@ func (r *receiver) keyDeliveryDue(m *nats.Msg, meta *nats.MsgMetadata) bool {
 			return r.handBackUnasked(m)
 		}
 	}
+}
+
+// isTimeout reports whether err includes a request that timed out.
+func isTimeout(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }
 
 // traceKey logs, at debug level, a step of a key consumer delivery's
