@@ -171,13 +171,10 @@ func (s *Subscription) moveToKeyStreams(ctx context.Context, t *Topic) (bool, er
 		return false, nil // not moved (or another topic of the id): checkTopic says what
 	}
 	epoch := rec.Epoch
+	// Moved or sought by another process meanwhile, this answers from
+	// the new epoch, which the modify below then refuses to move again.
 	p, _, err := s.FirstUnackedPoint(ctx)
 	if err != nil {
-		// Moved or sought by another process meanwhile (whose settle
-		// purged the floors this looked for), or an error.
-		if now, lerr := s.load(ctx); lerr == nil && (now.split() || now.Epoch != epoch) {
-			return now.split(), nil
-		}
 		return false, err
 	}
 	last, err := lastKeyed(ctx, stream, rec)

@@ -105,12 +105,7 @@ func keyStreamsMove(t *testing.T, mode adapter.DeliveryMode) {
 			afterSeek.Published(key, i)
 			results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
 		}
-		for _, r := range results {
-			if _, err := r.Get(ctx); err != nil {
-				return err
-			}
-		}
-		return nil
+		return itest.Stored(ctx, results)
 	}, 0)
 	receive("live")
 	receive("unordered")
@@ -232,12 +227,7 @@ func TestKeyStreamsMoveThroughGoClient(t *testing.T) {
 			check.Published(key, i)
 			results = append(results, pub.Publish(ctx, &pubsub.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
 		}
-		for _, r := range results {
-			if _, err := r.Get(ctx); err != nil {
-				return err
-			}
-		}
-		return nil
+		return itest.Stored(ctx, results)
 	}, 0)
 	testutil.Eventually(t, 30*time.Second, rounds.Reached(10), "10 rounds not published")
 	topic, err := update("4")

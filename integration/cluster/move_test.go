@@ -8,7 +8,6 @@ import (
 	"time"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
@@ -50,11 +49,7 @@ func TestClusterMoveOntoKeyStreams(t *testing.T) {
 	// The library publishes in rounds of a message per key, each round
 	// stored before the next, 10 rounds a second at most (the move takes
 	// seconds on the cluster: the backlog stays a few thousand messages).
-	nc, err := nats.Connect(strings.Join(cl.clientURLs, ","), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := rawConnect(t, cl.clientURLs)
 	pc, err := adapter.NewClient(nc, itest.Project, adapter.WithReplicas(3))
 	if err != nil {
 		t.Fatal(err)
@@ -67,12 +62,7 @@ func TestClusterMoveOntoKeyStreams(t *testing.T) {
 			chk.Published(key, i)
 			results = append(results, topic.Publish(ctx, &adapter.Message{Data: ordercheck.Encode(key, i), OrderingKey: key}))
 		}
-		for _, r := range results {
-			if _, err := r.Get(ctx); err != nil {
-				return err
-			}
-		}
-		return nil
+		return itest.Stored(ctx, results)
 	}, 100*time.Millisecond)
 	start := time.Now()
 	testutil.Eventually(t, 60*time.Second, rounds.Reached(10), "10 rounds not published")

@@ -28,11 +28,22 @@ func PublishChecked(t testing.TB, p *pubsub.Publisher, chk *ordercheck.Checker, 
 			}
 		}
 	}
+	if err := Stored(ctx, results); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+}
+
+// Stored waits for every publish result, of Google's client or the
+// library, and returns the first error.
+func Stored[R interface {
+	Get(context.Context) (string, error)
+}](ctx context.Context, results []R) error {
 	for _, r := range results {
 		if _, err := r.Get(ctx); err != nil {
-			t.Fatalf("publish: %v", err)
+			return err
 		}
 	}
+	return nil
 }
 
 // CheckedHandler is a Go client handler that reports every delivery of
