@@ -3,6 +3,8 @@ package itest
 import (
 	"context"
 	"errors"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -106,4 +108,30 @@ func TestBinary(t *testing.T) {
 		t.Fatalf("after the restart: %v", err)
 	}
 	s.Stop()
+}
+
+func TestClaimPort(t *testing.T) {
+	addr := FreeAddr(t)
+	_, p, _ := net.SplitHostPort(addr)
+	port, _ := strconv.Atoi(p)
+	// Nothing listens on addr now, as while its server restarts: still
+	// nobody else gets it.
+	if _, ok := claimPort(port); ok {
+		t.Fatalf("port %d given by FreeAddr claimed again", port)
+	}
+	free := 0
+	for port := 10000; free == 0; port++ {
+		if release, ok := claimPort(port); ok {
+			release()
+			free = port
+		}
+	}
+	release, ok := claimPort(free)
+	if !ok {
+		t.Fatalf("port %d released but not claimed again", free)
+	}
+	defer release()
+	if _, ok := claimPort(free); ok {
+		t.Fatalf("port %d claimed twice", free)
+	}
 }
