@@ -228,7 +228,7 @@ func (p *partition) info(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 
 // pull starts pulling the partition's messages.
 func (p *partition) pull() (jetstream.ConsumeContext, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), min(p.r.c.cfg.apiTimeout, 2*time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), p.r.c.takeOverTimeout())
 	defer cancel()
 	cons, err := p.consumer(ctx)
 	if err != nil {
@@ -453,7 +453,7 @@ func (p *partition) checkPin(pin string) {
 	backoff := 100 * time.Millisecond
 	var info *jetstream.ConsumerInfo
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 2*time.Second))
+		ctx, cancel := context.WithTimeout(context.Background(), r.c.takeOverTimeout())
 		var err error
 		info, err = p.info(ctx)
 		cancel()
@@ -557,7 +557,7 @@ func (p *partition) fence(n int) {
 			// Recorded before any handler of the term starts, so that a
 			// later owner asks whether this receiver is gone, not the one
 			// before it.
-			rctx, rcancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
+			rctx, rcancel := context.WithTimeout(context.Background(), r.c.takeOverTimeout())
 			if err = p.recordOwner(rctx, pin); err == nil {
 				// And the pin still ours once the record is written: a
 				// receiver pinned after the unpin that may have come
@@ -600,7 +600,7 @@ func (p *partition) fence(n int) {
 		if err == nil && !liftable && time.Since(began) > 100*time.Millisecond && time.Since(freeChecked) > time.Second {
 			p.mu.Unlock()
 			freeChecked = time.Now()
-			fctx, fcancel := context.WithTimeout(context.Background(), r.c.cfg.apiTimeout)
+			fctx, fcancel := context.WithTimeout(context.Background(), r.c.takeOverTimeout())
 			if p.freeGoneOwners(fctx, info) {
 				wait = time.Millisecond // they come back at once
 			}
@@ -626,6 +626,16 @@ func (p *partition) fence(n int) {
 		wait = min(2*wait, most)
 		t.Reset(wait)
 	}
+}
+
+// takeOverTimeout bounds each call a partition's pull, fence and take-over
+// make: a round trip when the server answers at all, far under an ack
+// deadline. A request lost with a connection that a NATS server's crash
+// broke is never answered, and waiting the client's API timeout for it
+// (10 s) stalls the partition as long as an ack deadline would. A call
+// that times out is made again on a later look.
+func (c *Client) takeOverTimeout() time.Duration {
+	return min(c.cfg.apiTimeout, 2*time.Second)
 }
 
 // checkAwaiting unblocks keys waiting for a message that will never come

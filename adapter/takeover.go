@@ -347,7 +347,7 @@ func (p *partition) recoverLostAcks(ctx context.Context) bool {
 	if !owned {
 		return true // a new owner fences, which does the same
 	}
-	ctx, cancel := context.WithTimeout(ctx, min(p.r.c.cfg.apiTimeout, 2*time.Second))
+	ctx, cancel := context.WithTimeout(ctx, p.r.c.takeOverTimeout())
 	defer cancel()
 	info, err := p.info(ctx)
 	if err != nil {
@@ -373,7 +373,7 @@ const unrecordedPinGrace = 1500 * time.Millisecond
 // nothing pending or unacked.
 func (p *partition) takeFromGone(rec ownerRecord) (quiet bool) {
 	r := p.r
-	ctx, cancel := context.WithTimeout(context.Background(), min(r.c.cfg.apiTimeout, 2*time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), r.c.takeOverTimeout())
 	defer cancel()
 	info, err := p.info(ctx)
 	if err != nil {
