@@ -741,10 +741,10 @@ func (r *receiver) firstElection(consumer string, created time.Time) {
 // one that holds the message keeps it, and the delivery is dropped; one
 // that acked it lately has it acked again; one checking a copy of it
 // settles with this one which runs (receiver.yields); and each that does
-// not hold it drops the earlier delivery should it come. A receiver that neither answers nor is
-// gone within the time below has the redelivery dropped: the message comes
-// again after its ack deadline, and is asked about again. (A first
-// delivery is handed over then.)
+// not hold it drops the earlier delivery should it come. A receiver that
+// neither answers nor is gone within the time below has the redelivery
+// dropped: the message comes again after its ack deadline, and is asked
+// about again. (A first delivery is handed over then.)
 //
 // The consumer is asked for up to min(ack deadline / 4, 2 s); when it does
 // not answer (a cluster electing its leaders), the delivery is handed over
